@@ -1,0 +1,473 @@
+"""The gate's HTTP API (FastAPI).
+
+``GET /ready`` answers 200 when a record is released and 425 Too Early when it is not yet (the
+body names the dependency groups that are behind and by how much); ``wait=<seconds>`` turns it
+into a long-poll. Errors are always JSON: ``{"error": <code>, "message": <one line>}``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gate._service import GateService
+from gate._status import GateState
+from gate._watermark import format_time
+
+log = logging.getLogger("gate.api")
+
+NOT_READY = 425
+"""Status of ``/ready`` for a record that is not released yet (425 Too Early)."""
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+# ---- response models (for the OpenAPI document) -------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="Machine-readable code, e.g. not_found, invalid_request.")
+    message: str = Field(description="One readable line.")
+
+
+class BehindGroup(BaseModel):
+    group: str
+    committed: int | None = Field(description="The group's committed offset (null: none).")
+    behind_by: int | None = Field(
+        description="How many more records the group must commit to release this one."
+    )
+    status: str
+
+
+class ReadyAnswer(BaseModel):
+    ready: bool
+    gate: str
+    topic: str
+    partition: int
+    offset: int
+    watermark: int | None = Field(description="Records below this offset are released.")
+    version: int | None
+    polled_at: str | None
+    reason: str | None = None
+    behind: list[BehindGroup] = Field(default_factory=list)
+
+
+class RecordRef(BaseModel):
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0, le=2**31 - 1)
+    offset: int = Field(ge=0, le=2**63 - 1)
+
+
+class BatchReadyRequest(BaseModel):
+    gate: str = Field(min_length=1, max_length=200)
+    records: list[RecordRef]
+
+
+class BatchReadyItem(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+    ready: bool
+    watermark: int | None
+    error: str | None = None
+
+
+class BatchReadyAnswer(BaseModel):
+    gate: str
+    version: int | None
+    polled_at: str | None
+    all_ready: bool
+    results: list[BatchReadyItem]
+
+
+class SnapshotBody(BaseModel):
+    gate: str
+    version: int
+    polled_at: str
+    age_s: float
+    topics: dict[str, dict[str, int | None]] = Field(
+        description="Watermark per topic and partition; null: nothing released there."
+    )
+
+
+class Probe(BaseModel):
+    ok: bool
+    detail: str
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or wrong API token."},
+    404: {"model": ErrorBody, "description": "Unknown gate, topic or partition."},
+    422: {"model": ErrorBody, "description": "Invalid parameters."},
+}
+
+
+def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
+    """Build the API around a service; with ``manage_service`` the app starts and stops it."""
+    settings = service.config.http
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_service:
+            await service.start()
+        try:
+            yield
+        finally:
+            if manage_service:
+                await service.stop()
+
+    token = settings.api_token.get_secret_value().encode() if settings.api_token else None
+
+    async def authorize(authorization: Annotated[str | None, Header()] = None) -> None:
+        if token is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token):
+            raise ApiError(
+                401, "unauthorized", "missing or wrong API token (Authorization: Bearer ...)"
+            )
+
+    protected = [Depends(authorize)] if token else []
+    app = FastAPI(
+        title="Kafka dependency gate",
+        version="0.1.0",
+        description=(
+            "Per-partition watermarks of consumer-group dependencies. A record (topic, "
+            "partition, offset) is released when every dependency group has committed past "
+            "it, i.e. offset < watermark."
+        ),
+        lifespan=lifespan,
+        responses=_ERRORS,
+    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"]
+        )
+    _install_error_handlers(app)
+
+    def gate_state(gate: str) -> tuple[GateState | None, list[str]]:
+        spec = service.config.gates.get(gate)
+        if spec is None:
+            known = ", ".join(sorted(service.config.gates))
+            raise ApiError(404, "not_found", f"unknown gate {gate!r} (known: {known})")
+        return service.store.latest(gate), spec.topics
+
+    def answer(
+        gate: str, topic: str, partition: int, offset: int
+    ) -> tuple[int, dict[str, Any], GateState | None]:
+        state, topics = gate_state(gate)
+        if topic not in topics:
+            raise ApiError(404, "not_found", f"gate {gate!r} does not gate topic {topic!r}")
+        body: dict[str, Any] = {
+            "ready": False,
+            "gate": gate,
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "watermark": None,
+            "version": None,
+            "polled_at": None,
+        }
+        if state is None:
+            body["reason"] = "the gate has not completed its first poll yet"
+            return NOT_READY, body, None
+        body["version"] = state.version
+        body["polled_at"] = format_time(state.snapshot.polled_at)
+        if topic in state.missing_topics:
+            body["reason"] = f"topic {topic!r} does not exist on the cluster"
+            return NOT_READY, body, state
+        part = state.partitions.get((topic, partition))
+        if part is None:
+            count = sum(1 for t, _ in state.partitions if t == topic)
+            raise ApiError(
+                404,
+                "not_found",
+                f"topic {topic!r} has no partition {partition} ({count} partitions)",
+            )
+        body["watermark"] = part.watermark
+        if part.watermark is not None and offset < part.watermark:
+            body["ready"] = True
+            return 200, body, state
+        body["reason"] = "waiting for dependency groups to commit past this offset"
+        body["behind"] = part.behind(offset)
+        return NOT_READY, body, state
+
+    @app.get(
+        "/ready",
+        response_model=ReadyAnswer,
+        responses={NOT_READY: {"model": ReadyAnswer, "description": "Not released yet."}},
+        dependencies=protected,
+        summary="Is this record released?",
+    )
+    async def ready(
+        gate: Annotated[str, Query(min_length=1, max_length=200)],
+        topic: Annotated[str, Query(min_length=1, max_length=249)],
+        partition: Annotated[int, Query(ge=0, le=2**31 - 1)],
+        offset: Annotated[int, Query(ge=0, le=2**63 - 1)],
+        wait: Annotated[
+            float,
+            Query(ge=0, description="Seconds to wait for release (long-poll); 0 answers at once."),
+        ] = 0.0,
+    ) -> Response:
+        """200 when every dependency group has committed past the record, else 425 Too Early
+        with the groups that are behind. With ``wait`` the call returns as soon as the
+        record is released, or with 425 when the wait ends."""
+        status, body, state = answer(gate, topic, partition, offset)
+        if status == NOT_READY and wait > 0:
+            deadline = time.monotonic() + min(wait, settings.max_wait_s)
+            version = state.version if state else 0
+            while status == NOT_READY:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                newer = await service.store.wait_published(gate, version, remaining)
+                if newer is None:
+                    break
+                version = newer.version
+                status, body, _ = answer(gate, topic, partition, offset)
+        return JSONResponse(body, status_code=status)
+
+    @app.post(
+        "/ready",
+        response_model=BatchReadyAnswer,
+        dependencies=protected,
+        summary="Which of these records are released?",
+    )
+    async def ready_batch(request: BatchReadyRequest) -> Response:
+        """Readiness of many records of one gate at once; always 200, one result each."""
+        if len(request.records) > settings.max_batch:
+            raise ApiError(
+                422, "invalid_request", f"records: at most {settings.max_batch} per request"
+            )
+        state, topics = gate_state(request.gate)
+        results = []
+        all_ready = True
+        for record in request.records:
+            item: dict[str, Any] = {
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "ready": False,
+                "watermark": None,
+            }
+            if record.topic not in topics:
+                item["error"] = f"gate {request.gate!r} does not gate topic {record.topic!r}"
+            elif state is not None:
+                part = state.partitions.get((record.topic, record.partition))
+                if part is None:
+                    item["error"] = "unknown topic or partition on the cluster"
+                else:
+                    item["watermark"] = part.watermark
+                    item["ready"] = part.watermark is not None and record.offset < part.watermark
+            all_ready = all_ready and item["ready"]
+            results.append(item)
+        return JSONResponse(
+            {
+                "gate": request.gate,
+                "version": state.version if state else None,
+                "polled_at": format_time(state.snapshot.polled_at) if state else None,
+                "all_ready": all_ready,
+                "results": results,
+            }
+        )
+
+    @app.get(
+        "/watermarks/{gate}",
+        response_model=SnapshotBody,
+        dependencies=protected,
+        summary="Latest watermarks of a gate",
+    )
+    async def watermarks(gate: Annotated[str, Path(max_length=200)]) -> Response:
+        """The latest snapshot: a watermark per topic and partition (null: nothing released)."""
+        state, _ = gate_state(gate)
+        if state is None:
+            raise ApiError(
+                404, "not_found", f"gate {gate!r} has no snapshot yet (first poll pending)"
+            )
+        body = state.snapshot.to_json()
+        body["age_s"] = round(state.snapshot.age(time.time()), 3)
+        return JSONResponse(body)
+
+    @app.get(
+        "/watermarks/{gate}/stream",
+        response_class=EventSourceResponse,
+        dependencies=protected,
+        summary="Server-sent events: every new snapshot of a gate",
+    )
+    async def stream(
+        gate: Annotated[str, Path(max_length=200)],
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> AsyncIterator[ServerSentEvent]:
+        """Event ``snapshot`` (id = version, data = the snapshot JSON) now and whenever the
+        watermarks change, and at least every heartbeat interval."""
+        gate_state(gate)
+        version = int(last_event_id) if last_event_id and last_event_id.isdigit() else -1
+        heartbeat = max(service.config.heartbeat_ms / 1000, 0.1)
+        while True:
+            state = await service.store.wait_published(gate, version, heartbeat * 2)
+            if state is None:
+                continue
+            version = state.version
+            yield ServerSentEvent(
+                event="snapshot",
+                id=str(version),
+                raw_data=json.dumps(state.snapshot.to_json(), separators=(",", ":")),
+            )
+
+    @app.get("/status", dependencies=protected, summary="Service status and every gate's summary")
+    async def status_all() -> Response:
+        gates = {}
+        for name in service.config.gates:
+            state = service.store.latest(name)
+            gates[name] = _gate_summary(state) if state else None
+        poll = service.last_poll
+        ok, detail = service.readiness()
+        return JSONResponse(
+            {
+                "ready": ok,
+                "detail": detail,
+                "poll_interval_ms": service.config.poll_interval_ms,
+                "last_poll": None
+                if poll is None
+                else {
+                    "started_at": format_time(poll.started_at),
+                    "duration_ms": round(poll.duration * 1000, 1),
+                    "errors": list(poll.errors),
+                },
+                "redis": None
+                if service.redis is None
+                else {"healthy": service.redis.healthy, "error": service.redis.last_error},
+                "gates": gates,
+            }
+        )
+
+    @app.get("/status/{gate}", dependencies=protected, summary="Why is this gate holding back?")
+    async def status_gate(gate: Annotated[str, Path(max_length=200)]) -> Response:
+        """Per partition: end offset, watermark, the groups holding it back, and per
+        dependency group its committed offset, lag and status."""
+        state, _ = gate_state(gate)
+        if state is None:
+            raise ApiError(
+                404, "not_found", f"gate {gate!r} has no snapshot yet (first poll pending)"
+            )
+        return JSONResponse(gate_status_json(state))
+
+    @app.get("/healthz", response_model=Probe, summary="Liveness: the process answers")
+    async def healthz() -> Probe:
+        return Probe(ok=True, detail="alive")
+
+    @app.get(
+        "/readyz",
+        response_model=Probe,
+        responses={503: {"model": Probe, "description": "No recent successful poll."}},
+        summary="Readiness: a poll succeeded recently",
+    )
+    async def readyz() -> Response:
+        ok, detail = service.readiness()
+        return JSONResponse({"ok": ok, "detail": detail}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", dependencies=protected, summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        return RedirectResponse("/docs")
+
+    return app
+
+
+def _gate_summary(state: GateState) -> dict[str, Any]:
+    held = [f"{t}[{p}]" for (t, p), part in state.partitions.items() if part.watermark is None]
+    return {
+        "version": state.version,
+        "polled_at": format_time(state.snapshot.polled_at),
+        "age_s": round(state.snapshot.age(time.time()), 3),
+        "partitions": len(state.partitions),
+        "unreleased_partitions": held,
+        "missing_topics": list(state.missing_topics),
+        "groups": {g: s.value for g, s in state.groups.items()},
+    }
+
+
+def gate_status_json(state: GateState) -> dict[str, Any]:
+    body = _gate_summary(state)
+    body["gate"] = state.gate
+    body["partitions"] = [
+        {
+            "topic": part.topic,
+            "partition": part.partition,
+            "end_offset": part.end_offset,
+            "watermark": part.watermark,
+            "holding": list(part.holding),
+            "groups": {
+                group: {
+                    "committed": pos.committed,
+                    "lag": pos.lag,
+                    "status": pos.status.value,
+                    "moved_at": None if pos.moved_at is None else format_time(pos.moved_at),
+                }
+                for group, pos in part.groups.items()
+            },
+        }
+        for part in state.partitions.values()
+    ]
+    return body
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.code, "message": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for error in exc.errors():
+            loc = [
+                str(part)
+                for part in error.get("loc", ())
+                if part not in ("query", "body", "path", "header")
+            ]
+            problems.append(f"{'.'.join(loc) or 'request'}: {error.get('msg', 'invalid')}")
+        return JSONResponse(
+            {"error": "invalid_request", "message": "; ".join(problems) or "invalid request"},
+            status_code=422,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return JSONResponse(
+            {"error": codes.get(exc.status_code, "http_error"), "message": str(exc.detail)},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error answering %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"error": "internal", "message": "internal error; the gate's log has the details"},
+            status_code=500,
+        )

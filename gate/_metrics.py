@@ -1,0 +1,170 @@
+"""Prometheus metrics of the gate.
+
+Per-partition gauges are produced at scrape time from the latest gate states (a custom
+collector), so a poll costs nothing extra however many groups and partitions are watched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gate._status import SEVERITY, DependencyStatus
+
+if TYPE_CHECKING:
+    from gate._service import GateService
+
+STATUS_CODES = {
+    DependencyStatus.OK: 0,
+    DependencyStatus.LAGGING: 1,
+    DependencyStatus.REWOUND: 2,
+    DependencyStatus.STALLED: 3,
+    DependencyStatus.MISSING: 4,
+}
+
+
+class GateMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.polls = Counter("gate_polls", "Polls of the admin API.", registry=registry)
+        self.poll_errors = Counter(
+            "gate_poll_errors",
+            "Polls, or parts of polls, that failed (the last snapshot stays in force).",
+            ["kind"],
+            registry=registry,
+        )
+        self.poll_duration = Histogram(
+            "gate_poll_duration_seconds",
+            "Duration of one poll of all dependency groups.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+        self.rewinds = Counter(
+            "gate_rewinds",
+            "Times a dependency group's committed offset went backwards.",
+            ["gate", "group"],
+            registry=registry,
+        )
+        self.lost_offsets = Counter(
+            "gate_dependency_offsets_lost",
+            "Committed offsets that disappeared (group deleted or offsets expired).",
+            ["gate", "group"],
+            registry=registry,
+        )
+
+    def watch(self, service: GateService) -> None:
+        self.registry.register(_StateCollector(service))
+
+
+class _StateCollector(Collector):
+    def __init__(self, service: GateService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        service = self._service
+        now = time.time()
+        watermark = GaugeMetricFamily(
+            "gate_watermark",
+            "Released below this offset; -1 when nothing is released on the partition.",
+            labels=["gate", "topic", "partition"],
+        )
+        end_offset = GaugeMetricFamily(
+            "gate_end_offset", "End offset of the partition.", labels=["gate", "topic", "partition"]
+        )
+        committed = GaugeMetricFamily(
+            "gate_committed_offset",
+            "Committed offset of a dependency group; -1 when it has none.",
+            labels=["gate", "group", "topic", "partition"],
+        )
+        lag = GaugeMetricFamily(
+            "gate_dependency_lag",
+            "Records between a dependency group's committed offset and the end.",
+            labels=["gate", "group", "topic", "partition"],
+        )
+        partition_status = GaugeMetricFamily(
+            "gate_dependency_partition_status",
+            "0 OK, 1 LAGGING, 2 REWOUND, 3 STALLED, 4 MISSING.",
+            labels=["gate", "group", "topic", "partition"],
+        )
+        group_status = GaugeMetricFamily(
+            "gate_dependency_status",
+            "1 for the group's current overall status (its worst partition).",
+            labels=["gate", "group", "status"],
+        )
+        missing = GaugeMetricFamily(
+            "gate_dependency_missing_partitions",
+            "Partitions where a dependency group has no committed offset (alarm when > 0).",
+            labels=["gate", "group"],
+        )
+        held = GaugeMetricFamily(
+            "gate_partitions_unreleased",
+            "Partitions on which nothing is released (no watermark).",
+            labels=["gate"],
+        )
+        version = GaugeMetricFamily(
+            "gate_snapshot_version", "Version of the latest snapshot.", labels=["gate"]
+        )
+        age = GaugeMetricFamily(
+            "gate_snapshot_age_seconds", "Age of the latest snapshot.", labels=["gate"]
+        )
+        for name in service.store.gates:
+            state = service.store.latest(name)
+            if state is None:
+                continue
+            version.add_metric([name], state.version)
+            age.add_metric([name], max(0.0, now - state.snapshot.polled_at))
+            unreleased = 0
+            missing_count = dict.fromkeys(state.groups, 0)
+            for (topic, partition), part in state.partitions.items():
+                p = str(partition)
+                if part.watermark is None:
+                    unreleased += 1
+                watermark.add_metric(
+                    [name, topic, p], -1 if part.watermark is None else part.watermark
+                )
+                if part.end_offset is not None:
+                    end_offset.add_metric([name, topic, p], part.end_offset)
+                for group, position in part.groups.items():
+                    labels = [name, group, topic, p]
+                    committed.add_metric(
+                        labels, -1 if position.committed is None else position.committed
+                    )
+                    if position.lag is not None:
+                        lag.add_metric(labels, position.lag)
+                    partition_status.add_metric(labels, STATUS_CODES[position.status])
+                    if position.committed is None:
+                        missing_count[group] += 1
+            held.add_metric([name], unreleased)
+            for group, status in state.groups.items():
+                for candidate in SEVERITY:
+                    group_status.add_metric(
+                        [name, group, candidate.value], int(candidate == status)
+                    )
+                missing.add_metric([name, group], missing_count[group])
+
+        yield from (watermark, end_offset, committed, lag, partition_status, group_status)
+        yield from (missing, held, version, age)
+
+        last_ok = GaugeMetricFamily(
+            "gate_last_successful_poll_age_seconds",
+            "Seconds since the last poll that produced snapshots (-1 before the first).",
+        )
+        last_ok.add_metric([], -1 if service.last_success is None else now - service.last_success)
+        yield last_ok
+        publisher = service.redis
+        if publisher is not None:
+            healthy = GaugeMetricFamily("gate_redis_healthy", "1 when the last Redis write worked.")
+            healthy.add_metric([], int(publisher.healthy))
+            yield healthy
+            writes = CounterMetricFamily(
+                "gate_redis_writes", "Snapshot writes to Redis by result.", labels=["result"]
+            )
+            writes.add_metric(["ok"], publisher.writes)
+            writes.add_metric(["failed"], publisher.failures)
+            writes.add_metric(["stale"], publisher.stale_rejections)
+            yield writes

@@ -1,0 +1,156 @@
+"""Reads committed offsets, partition counts and end offsets through the Kafka admin API.
+
+``AdminClient.list_consumer_group_offsets`` accepts one group per call, so one poll issues a
+call per dependency group at once and waits for all of them together. Everything a poll saw
+comes back as one :class:`~gate._status.PollResult`; failures are reported in it, never
+raised, so the caller can keep serving the last good snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, wait
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from gate._status import PollResult
+from gate._watermark import Partition
+
+log = logging.getLogger("gate.poller")
+
+# librdkafka's "no committed offset" sentinel.
+OFFSET_INVALID = -1001
+
+
+class OffsetPoller:
+    """Polls the offsets a set of gates needs. Not thread-safe: one caller at a time."""
+
+    def __init__(
+        self,
+        properties: Mapping[str, str],
+        topics_by_group: Mapping[str, Sequence[str]],
+        *,
+        request_timeout: float = 5.0,
+        metadata_interval: float = 10.0,
+        admin: AdminClient | None = None,
+    ) -> None:
+        self._admin = admin or AdminClient(dict(properties), logger=logging.getLogger("gate.kafka"))
+        self._topics_by_group = {g: list(ts) for g, ts in topics_by_group.items()}
+        self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
+        self._timeout = request_timeout
+        self._metadata_interval = metadata_interval
+        self._partition_counts: dict[str, int] = {}
+        self._metadata_at = float("-inf")
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self._topics)
+
+    def refresh_metadata(self) -> list[str]:
+        """Re-read partition counts; returns errors (empty on success)."""
+        try:
+            metadata = self._admin.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            return [f"metadata: {describe_kafka_error(exc)}"]
+        counts: dict[str, int] = {}
+        for topic in self._topics:
+            found = metadata.topics.get(topic)
+            if found is not None and found.error is None and found.partitions:
+                counts[topic] = len(found.partitions)
+        self._partition_counts = counts
+        self._metadata_at = time.monotonic()
+        return []
+
+    def poll(self) -> PollResult:
+        started_at = time.time()
+        errors: list[str] = []
+        failed_topics: set[str] = set()
+        if time.monotonic() - self._metadata_at >= self._metadata_interval:
+            metadata_errors = self.refresh_metadata()
+            if metadata_errors:
+                errors.extend(metadata_errors)
+                if not self._partition_counts:
+                    failed_topics.update(self._topics)
+        counts = dict(self._partition_counts)
+        partitions = {t: [(t, p) for p in range(n)] for t, n in counts.items()}
+
+        group_futures: dict[str, Future] = {}
+        failed_groups: set[str] = set()
+        for group, topics in self._topics_by_group.items():
+            wanted = [
+                TopicPartition(t, p) for topic in topics for t, p in partitions.get(topic, ())
+            ]
+            if not wanted:
+                continue
+            request = [ConsumerGroupTopicPartitions(group, wanted)]
+            try:
+                futures = self._admin.list_consumer_group_offsets(
+                    request, request_timeout=self._timeout
+                )
+            except KafkaException as exc:
+                failed_groups.add(group)
+                errors.append(f"group {group}: {describe_kafka_error(exc)}")
+                continue
+            group_futures[group] = futures[group]
+
+        end_futures: dict[TopicPartition, Future] = {}
+        all_partitions = [TopicPartition(t, p) for tps in partitions.values() for t, p in tps]
+        if all_partitions:
+            try:
+                end_futures = self._admin.list_offsets(
+                    {tp: OffsetSpec.latest() for tp in all_partitions},
+                    request_timeout=self._timeout,
+                )
+            except KafkaException as exc:
+                errors.append(f"end offsets: {describe_kafka_error(exc)}")
+
+        wait([*group_futures.values(), *end_futures.values()], timeout=self._timeout + 1.0)
+
+        committed: dict[str, dict[Partition, int]] = {}
+        for group, future in group_futures.items():
+            try:
+                result = future.result(timeout=0)
+            except Exception as exc:  # a failed or timed-out request: keep the last snapshot
+                failed_groups.add(group)
+                errors.append(f"group {group}: {describe_kafka_error(exc)}")
+                continue
+            offsets: dict[Partition, int] = {}
+            for tp in result.topic_partitions:
+                if tp.error is None and tp.offset >= 0:
+                    offsets[(tp.topic, tp.partition)] = tp.offset
+            committed[group] = offsets
+
+        end_offsets: dict[Partition, int] = {}
+        end_error: str | None = None
+        for tp, future in end_futures.items():
+            try:
+                end_offsets[(tp.topic, tp.partition)] = future.result(timeout=0).offset
+            except Exception as exc:  # lag is then unknown for that partition; watermarks are not
+                end_error = end_error or f"end offsets: {describe_kafka_error(exc)}"
+        if end_error:
+            errors.append(end_error)
+
+        return PollResult(
+            started_at=started_at,
+            finished_at=time.time(),
+            partition_counts=counts,
+            end_offsets=end_offsets,
+            committed=committed,
+            failed_groups=frozenset(failed_groups),
+            failed_topics=frozenset(failed_topics),
+            errors=tuple(errors),
+        )
+
+
+def describe_kafka_error(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and exc.args:
+        error = exc.args[0]
+        text = getattr(error, "str", None)
+        if callable(text):
+            return str(text())
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,209 @@
+"""The gate service: poll, evaluate and publish, forever, surviving Kafka and Redis outages."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry
+
+from gate._config import GateConfig
+from gate._metrics import GateMetrics
+from gate._poller import OffsetPoller, describe_kafka_error
+from gate._publish import RedisPublisher, SnapshotStore
+from gate._status import GateEvaluator, GateState, PollResult
+
+log = logging.getLogger("gate")
+
+
+class StartupError(Exception):
+    """The service cannot start; the message says why in one line."""
+
+
+class GateService:
+    """Runs the poll loop for every configured gate and publishes what it finds."""
+
+    def __init__(
+        self,
+        config: GateConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        admin: AdminClient | None = None,
+    ) -> None:
+        self.config = config
+        self.store = SnapshotStore(config.gates, heartbeat=config.heartbeat_ms / 1000)
+        self.registry = registry or CollectorRegistry()
+        self.metrics = GateMetrics(self.registry)
+        self.metrics.watch(self)
+        policy = config.status.policy()
+        self.evaluators = {
+            name: GateEvaluator(name, spec.topics, spec.depends_on, policy)
+            for name, spec in config.gates.items()
+        }
+        self.redis = (
+            RedisPublisher(config.redis.url.get_secret_value(), prefix=config.redis.prefix)
+            if config.redis
+            else None
+        )
+        self._admin = admin
+        self.poller: OffsetPoller | None = None
+        self.last_success: float | None = None
+        self.last_poll: PollResult | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._logged_errors: tuple[str, ...] = ()
+
+    @property
+    def poll_interval(self) -> float:
+        return self.config.poll_interval_ms / 1000
+
+    def topics_by_group(self) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = {}
+        for spec in self.config.gates.values():
+            for group in spec.depends_on:
+                topics = result.setdefault(group, [])
+                topics.extend(t for t in spec.topics if t not in topics)
+        return result
+
+    def prepare(self) -> None:
+        """Create the Kafka admin client; raises :class:`StartupError` on bad properties."""
+        if self.poller is not None:
+            return
+        config = self.config
+        try:
+            self.poller = OffsetPoller(
+                config.kafka_properties(),
+                self.topics_by_group(),
+                request_timeout=config.request_timeout_ms / 1000,
+                metadata_interval=config.metadata_interval_ms / 1000,
+                admin=self._admin,
+            )
+        except KafkaException as exc:
+            raise StartupError(f"kafka: {describe_kafka_error(exc)}") from None
+
+    async def start(self) -> None:
+        """Start polling (and publishing to Redis) in background tasks."""
+        self.prepare()
+        if self.redis is not None:
+            await self._continue_redis_versions()
+            self._tasks.append(asyncio.create_task(self.redis.run(self.store), name="redis"))
+        self._tasks.append(asyncio.create_task(self._poll_loop(), name="poll"))
+
+    async def _continue_redis_versions(self) -> None:
+        assert self.redis is not None
+        try:
+            stored = await asyncio.wait_for(self.redis.stored_versions(self.config.gates), 3.0)
+        except Exception as exc:  # Redis down at start: versions are time-based anyway
+            log.warning("redis unreachable at start (%s); publishing when it returns", exc)
+            return
+        for gate, version in stored.items():
+            self.evaluators[gate].version_floor = version
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self.redis is not None:
+            await self.redis.close()
+
+    async def poll_once(self) -> list[GateState]:
+        """Poll once and publish; returns the new states (empty if the poll failed)."""
+        states = await asyncio.to_thread(self._poll_and_evaluate)
+        for state in states:
+            self.store.update(state)
+        return states
+
+    def _poll_and_evaluate(self) -> list[GateState]:
+        assert self.poller is not None
+        poll = self.poller.poll()
+        self.last_poll = poll
+        self.metrics.polls.inc()
+        self.metrics.poll_duration.observe(poll.duration)
+        states: list[GateState] = []
+        skipped = []
+        for name, evaluator in self.evaluators.items():
+            spec = self.config.gates[name]
+            if poll.failed_groups.intersection(spec.depends_on) or poll.failed_topics.intersection(
+                spec.topics
+            ):
+                skipped.append(name)
+                continue
+            state = evaluator.observe(poll)
+            states.append(state)
+            self._record_events(state)
+        self._report_errors(poll, skipped)
+        if not skipped:
+            self.last_success = poll.started_at
+        return states
+
+    def _record_events(self, state: GateState) -> None:
+        for rewind in state.rewinds:
+            self.metrics.rewinds.labels(state.gate, rewind.group).inc()
+            log.warning(
+                "gate %s: group %s rewound %s[%d] from %d to %d; the watermark follows policy %r",
+                state.gate,
+                rewind.group,
+                rewind.topic,
+                rewind.partition,
+                rewind.before,
+                rewind.after,
+                self.config.status.rewind_policy,
+            )
+        for lost in state.lost:
+            self.metrics.lost_offsets.labels(state.gate, lost.group).inc()
+            log.warning(
+                "gate %s: group %s no longer has a committed offset on %s[%d] (was %d): "
+                "group deleted or offsets expired; nothing is released there until it commits",
+                state.gate,
+                lost.group,
+                lost.topic,
+                lost.partition,
+                lost.last,
+            )
+
+    def _report_errors(self, poll: PollResult, skipped: list[str]) -> None:
+        for error in poll.errors:
+            self.metrics.poll_errors.labels(error.split(":", 1)[0].split(" ", 1)[0]).inc()
+        if poll.errors != self._logged_errors:
+            if poll.errors:
+                log.warning(
+                    "poll failed (%s); serving the last snapshot of %s",
+                    "; ".join(poll.errors),
+                    ", ".join(skipped) or "no gate",
+                )
+            else:
+                log.info("poll recovered")
+            self._logged_errors = poll.errors
+
+    async def _poll_loop(self) -> None:
+        interval = self.poll_interval
+        next_at = time.monotonic()
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # never let one bad poll end the loop
+                self.metrics.poll_errors.labels("internal").inc()
+                log.exception("unexpected error while polling")
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:
+                next_at = time.monotonic()
+                delay = 0
+            await asyncio.sleep(delay)
+
+    def readiness(self, now: float | None = None) -> tuple[bool, str]:
+        """Whether a poll succeeded recently enough, with a reason."""
+        now = time.time() if now is None else now
+        if self.last_success is None:
+            return False, "no successful poll yet"
+        age = now - self.last_success
+        limit = (self.config.readiness_max_age_ms or 0) / 1000
+        if age > limit:
+            return False, f"last successful poll {age:.1f}s ago (limit {limit:.1f}s)"
+        return True, f"last successful poll {age:.1f}s ago"

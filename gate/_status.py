@@ -1,0 +1,303 @@
+"""Evaluation of one gate from successive polls: watermarks, versions and dependency status.
+
+:class:`GateEvaluator` is a pure state machine: it receives a :class:`PollResult` (what the
+admin API reported at one moment) and returns a :class:`GateState`. It remembers just enough
+history to tell, in the spirit of LinkedIn Burrow, whether each dependency group is OK,
+LAGGING (lag growing over the evaluation window), STALLED (lag exists but the committed offset
+has not moved for ``stall_after`` seconds: a stuck or dead dependency holding everyone back),
+REWOUND (its committed offset went backwards recently) or MISSING (no committed offset: the
+group never committed there, was deleted, or its offsets expired).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from gate._watermark import Partition, Snapshot, compute_watermarks
+
+
+class DependencyStatus(StrEnum):
+    OK = "OK"
+    LAGGING = "LAGGING"
+    REWOUND = "REWOUND"
+    STALLED = "STALLED"
+    MISSING = "MISSING"
+
+
+# Most severe first: the overall status of a group is its worst partition.
+SEVERITY: tuple[DependencyStatus, ...] = (
+    DependencyStatus.MISSING,
+    DependencyStatus.STALLED,
+    DependencyStatus.REWOUND,
+    DependencyStatus.LAGGING,
+    DependencyStatus.OK,
+)
+_RANK = {status: rank for rank, status in enumerate(SEVERITY)}
+
+RewindPolicy = Literal["follow", "keep_highest"]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusPolicy:
+    stall_after: float = 60.0
+    """Seconds a group may have lag without committing before it is STALLED."""
+    lag_window: float = 30.0
+    """Seconds over which the lag trend is judged (LAGGING when it grew)."""
+    rewind_window: float = 300.0
+    """Seconds a group stays REWOUND after its committed offset went backwards."""
+    rewind_policy: RewindPolicy = "follow"
+    """``follow``: the watermark follows a rewound group down, so new records wait until it
+    passes them again. ``keep_highest``: a group counts with the highest offset it ever
+    committed (records it processed once stay released)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PollResult:
+    """What one poll of the admin API saw, for all gates at once."""
+
+    started_at: float
+    finished_at: float
+    partition_counts: Mapping[str, int]
+    """Partitions per topic; a topic that does not exist is absent."""
+    end_offsets: Mapping[Partition, int]
+    committed: Mapping[str, Mapping[Partition, int]]
+    """Committed offsets per group; a partition without a commit is absent."""
+    failed_groups: frozenset[str] = frozenset()
+    """Groups whose offsets could not be read in this poll."""
+    failed_topics: frozenset[str] = frozenset()
+    """Topics whose metadata could not be read in this poll."""
+    errors: tuple[str, ...] = ()
+
+    @property
+    def duration(self) -> float:
+        return self.finished_at - self.started_at
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPosition:
+    """One dependency group on one partition."""
+
+    committed: int | None
+    lag: int | None
+    status: DependencyStatus
+    moved_at: float | None
+    """When the committed offset last changed (None when there is none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    topic: str
+    partition: int
+    end_offset: int | None
+    watermark: int | None
+    holding: tuple[str, ...]
+    """Groups that hold this partition back: no commit, or committed exactly the watermark."""
+    groups: Mapping[str, GroupPosition]
+
+    def behind(self, offset: int) -> list[dict[str, object]]:
+        """Groups that have not committed past ``offset``, and how many records they lack."""
+        result: list[dict[str, object]] = []
+        for group, position in self.groups.items():
+            if position.committed is None:
+                result.append(
+                    {
+                        "group": group,
+                        "committed": None,
+                        "behind_by": None,
+                        "status": position.status.value,
+                    }
+                )
+            elif position.committed <= offset:
+                result.append(
+                    {
+                        "group": group,
+                        "committed": position.committed,
+                        "behind_by": offset + 1 - position.committed,
+                        "status": position.status.value,
+                    }
+                )
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    group: str
+    topic: str
+    partition: int
+    before: int
+    after: int
+
+
+@dataclass(frozen=True, slots=True)
+class LostOffset:
+    """A committed offset that disappeared: group deleted or its offsets expired."""
+
+    group: str
+    topic: str
+    partition: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class GateState:
+    snapshot: Snapshot
+    partitions: Mapping[Partition, PartitionState]
+    groups: Mapping[str, DependencyStatus]
+    missing_topics: tuple[str, ...] = ()
+    changed: bool = True
+    """Whether the watermarks differ from the previous state's."""
+    rewinds: tuple[Rewind, ...] = ()
+    lost: tuple[LostOffset, ...] = ()
+    poll_duration: float = 0.0
+
+    @property
+    def gate(self) -> str:
+        return self.snapshot.gate
+
+    @property
+    def version(self) -> int:
+        return self.snapshot.version
+
+
+class _Track:
+    """Memory of one group on one partition across polls."""
+
+    __slots__ = ("committed", "growing", "highest", "moved_at", "ref_at", "ref_lag", "rewound_at")
+
+    def __init__(self, committed: int, now: float, lag: int | None) -> None:
+        self.committed = committed
+        self.highest = committed
+        self.moved_at = now
+        self.rewound_at: float | None = None
+        self.ref_at = now
+        self.ref_lag = lag
+        self.growing = False
+
+
+@dataclass
+class GateEvaluator:
+    """Turns successive polls into versioned gate states. Pure: time comes from the poll."""
+
+    gate: str
+    topics: Sequence[str]
+    groups: Sequence[str]
+    policy: StatusPolicy = field(default_factory=StatusPolicy)
+    version_floor: int = 0
+    """Versions start above this (e.g. the version found in Redis at start)."""
+    _tracks: dict[tuple[str, Partition], _Track] = field(default_factory=dict, repr=False)
+    _last: GateState | None = field(default=None, repr=False)
+
+    @property
+    def last(self) -> GateState | None:
+        return self._last
+
+    def next_version(self, started_at: float) -> int:
+        previous = self._last.version if self._last else 0
+        return max(previous + 1, int(started_at * 1000), self.version_floor + 1)
+
+    def observe(self, poll: PollResult) -> GateState:
+        now = poll.started_at
+        policy = self.policy
+        partitions: list[Partition] = []
+        missing_topics: list[str] = []
+        for topic in self.topics:
+            count = poll.partition_counts.get(topic)
+            if count is None:
+                missing_topics.append(topic)
+                continue
+            partitions.extend((topic, p) for p in range(count))
+
+        rewinds: list[Rewind] = []
+        lost: list[LostOffset] = []
+        overall: dict[str, DependencyStatus] = {}
+        positions: dict[Partition, dict[str, GroupPosition]] = {tp: {} for tp in partitions}
+        effective: dict[str, dict[Partition, int]] = {group: {} for group in self.groups}
+        keep_highest = policy.rewind_policy == "keep_highest"
+        tracks = self._tracks
+
+        for group in self.groups:
+            group_committed = poll.committed.get(group, {})
+            group_effective = effective[group]
+            worst_rank = _RANK[DependencyStatus.OK]
+            for tp in partitions:
+                committed = group_committed.get(tp)
+                key = (group, tp)
+                track = tracks.get(key)
+                if committed is None:
+                    if track is not None:
+                        lost.append(LostOffset(group, tp[0], tp[1], track.committed))
+                        del tracks[key]
+                    status = DependencyStatus.MISSING
+                    positions[tp][group] = GroupPosition(None, None, status, None)
+                else:
+                    end = poll.end_offsets.get(tp)
+                    lag = max(0, end - committed) if end is not None else None
+                    if track is None:
+                        track = tracks[key] = _Track(committed, now, lag)
+                    elif committed != track.committed:
+                        if committed < track.committed:
+                            rewinds.append(Rewind(group, tp[0], tp[1], track.committed, committed))
+                            track.rewound_at = now
+                        track.committed = committed
+                        track.moved_at = now
+                        if committed > track.highest:
+                            track.highest = committed
+                    if now - track.ref_at >= policy.lag_window:
+                        track.growing = bool(
+                            lag and track.ref_lag is not None and lag > track.ref_lag
+                        )
+                        track.ref_at = now
+                        track.ref_lag = lag
+                    status = _position_status(track, lag, now, policy)
+                    positions[tp][group] = GroupPosition(committed, lag, status, track.moved_at)
+                    group_effective[tp] = track.highest if keep_highest else committed
+                worst_rank = min(worst_rank, _RANK[status])
+            overall[group] = SEVERITY[worst_rank]
+
+        watermarks = compute_watermarks(partitions, effective)
+        states: dict[Partition, PartitionState] = {}
+        for tp in partitions:
+            watermark = watermarks[tp]
+            holding = tuple(
+                group
+                for group in self.groups
+                if effective[group].get(tp) is None or effective[group][tp] == watermark
+            )
+            states[tp] = PartitionState(
+                tp[0], tp[1], poll.end_offsets.get(tp), watermark, holding, positions[tp]
+            )
+
+        previous = self._last
+        snapshot = Snapshot(
+            gate=self.gate,
+            version=self.next_version(now),
+            polled_at=now,
+            watermarks=watermarks,
+        )
+        state = GateState(
+            snapshot=snapshot,
+            partitions=states,
+            groups=overall,
+            missing_topics=tuple(missing_topics),
+            changed=previous is None or previous.snapshot.watermarks != watermarks,
+            rewinds=tuple(rewinds),
+            lost=tuple(lost),
+            poll_duration=poll.duration,
+        )
+        self._last = state
+        return state
+
+
+def _position_status(
+    track: _Track, lag: int | None, now: float, policy: StatusPolicy
+) -> DependencyStatus:
+    if lag and now - track.moved_at >= policy.stall_after:
+        return DependencyStatus.STALLED
+    if track.rewound_at is not None and now - track.rewound_at < policy.rewind_window:
+        return DependencyStatus.REWOUND
+    if track.growing:
+        return DependencyStatus.LAGGING
+    return DependencyStatus.OK

@@ -1,0 +1,120 @@
+"""The ``gate`` command: serve, check, demo.
+
+Exit codes: 0 success, 1 a problem found or the service failed, 2 invalid configuration or
+usage. Errors are one readable line each, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from gate._config import ConfigError, GateConfig, load_config
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Kafka dependency gate: release records only after dependency groups committed past them.",
+)
+
+ConfigOption = Annotated[
+    Path,
+    typer.Option("--config", "-c", envvar="GATE_CONFIG", help="YAML configuration file."),
+]
+LogLevel = Annotated[
+    str,
+    typer.Option("--log-level", help="debug, info, warning or error."),
+]
+
+
+def fail(lines: list[str] | str, code: int = 1) -> NoReturn:
+    for line in [lines] if isinstance(lines, str) else lines:
+        typer.echo(f"gate: {line}", err=True)
+    raise typer.Exit(code)
+
+
+def _config(path: Path) -> GateConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        fail(exc.problems, 2)
+
+
+def setup_logging(level: str) -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        fail(f"--log-level: unknown level {level!r} (debug, info, warning, error)", 2)
+    logging.basicConfig(
+        level=numeric,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def serve(config: ConfigOption, log_level: LogLevel = "info") -> None:
+    """Run the gate service: poll, publish watermarks over HTTP (and Redis)."""
+    from gate._serve import ListenError, bind, make_server
+    from gate._service import GateService, StartupError
+
+    setup_logging(log_level)
+    cfg = _config(config)
+    service = GateService(cfg)
+    try:
+        service.prepare()
+    except StartupError as exc:
+        fail(str(exc))
+    try:
+        sock = bind(cfg.http.host, cfg.http.port)
+    except ListenError as exc:
+        fail(str(exc))
+    server = make_server(service, log_level.lower())
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("gate").info("serving %d gate(s) on http://%s:%d", len(cfg.gates), host, port)
+    asyncio.run(server.serve(sockets=[sock]))
+    if not server.started:
+        fail("the service did not start; see the log above")
+
+
+@app.command()
+def check(
+    config: ConfigOption,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Check the file only, not the cluster.")
+    ] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as errors.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the cluster.")] = 5.0,
+) -> None:
+    """Validate a configuration and check it against the live cluster."""
+    from gate._check import check_live, check_static
+
+    cfg = _config(config)
+    problems = check_static(cfg)
+    if not offline:
+        problems += check_live(cfg, timeout=timeout)
+    for problem in problems:
+        typer.echo(problem.line(), err=problem.severity == "error")
+    errors = [p for p in problems if p.severity == "error" or strict]
+    if errors:
+        raise typer.Exit(1)
+    typer.echo(
+        f"ok: {len(cfg.gates)} gate(s), {len(cfg.groups)} dependency group(s), "
+        f"{len(cfg.topics)} topic(s)" + (f", {len(problems)} warning(s)" if problems else "")
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The HTTP API over evaluated states: answers, errors, auth, long-poll, SSE and metrics.
+
+These tests feed the service's store with states computed by the real evaluator from
+synthetic polls; the end-to-end tests against a broker live in test_gate_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gate import GateEvaluator, GateService, PollResult
+from gate._api import create_app
+from tests.support import gate_config
+
+
+def poll(at: float, b: dict[int, int], c: dict[int, int]) -> PollResult:
+    return PollResult(
+        started_at=at,
+        finished_at=at,
+        partition_counts={"payments": 3},
+        end_offsets={("payments", p): 60 for p in range(3)},
+        committed={
+            "CG-B": {("payments", p): o for p, o in b.items()},
+            "CG-C": {("payments", p): o for p, o in c.items()},
+        },
+    )
+
+
+ARTICLE = ({0: 30, 1: 30, 2: 10}, {0: 23, 1: 52, 2: 15})
+
+
+class Harness:
+    def __init__(self, token: str | None = None) -> None:
+        http = {"host": "127.0.0.1", "port": 0}
+        if token:
+            http["api_token"] = token
+        self.service = GateService(
+            gate_config(
+                "127.0.0.1:1",
+                {"service-a": {"topics": ["payments"], "depends_on": ["CG-B", "CG-C"]}},
+                http=http,
+            )
+        )
+        self.evaluator = GateEvaluator("service-a", ["payments"], ["CG-B", "CG-C"])
+        self.client = TestClient(create_app(self.service, manage_service=False))
+
+    def publish(self, b: dict[int, int], c: dict[int, int]) -> None:
+        state = self.evaluator.observe(poll(time.time(), b, c))
+        self.client.portal.call(self.service.store.update, state)  # on the app's loop
+        self.service.last_success = state.snapshot.polled_at
+
+
+@pytest.fixture
+def api() -> Iterator[Harness]:
+    harness = Harness()
+    with harness.client:
+        yield harness
+
+
+def ready(api: Harness, partition: int, offset: int, **extra: object):
+    params = {"gate": "service-a", "topic": "payments", "partition": partition, "offset": offset}
+    params.update(extra)
+    return api.client.get("/ready", params=params)
+
+
+def test_before_the_first_poll_nothing_is_ready(api: Harness) -> None:
+    response = ready(api, 0, 0)
+    assert response.status_code == 425
+    assert response.json()["ready"] is False
+    assert "first poll" in response.json()["reason"]
+    assert api.client.get("/readyz").status_code == 503
+    assert api.client.get("/healthz").json() == {"ok": True, "detail": "alive"}
+    assert api.client.get("/watermarks/service-a").status_code == 404
+
+
+def test_ready_answers_the_article_example(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    yes = ready(api, 0, 22)
+    assert yes.status_code == 200 and yes.json()["ready"] is True and yes.json()["watermark"] == 23
+    no = ready(api, 0, 23)
+    assert no.status_code == 425
+    assert no.json()["behind"] == [
+        {"group": "CG-C", "committed": 23, "behind_by": 1, "status": "OK"}
+    ]
+    both = ready(api, 2, 40).json()["behind"]
+    assert {(b["group"], b["behind_by"]) for b in both} == {("CG-B", 31), ("CG-C", 26)}
+    assert api.client.get("/readyz").status_code == 200
+
+
+def test_watermarks_document(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    body = api.client.get("/watermarks/service-a").json()
+    assert body["gate"] == "service-a"
+    assert body["topics"] == {"payments": {"0": 23, "1": 30, "2": 10}}
+    assert isinstance(body["version"], int) and body["age_s"] >= 0
+
+
+def test_a_partition_without_commits_is_null_and_not_ready(api: Harness) -> None:
+    api.publish({0: 30, 1: 30}, {0: 23, 1: 52, 2: 15})
+    assert api.client.get("/watermarks/service-a").json()["topics"]["payments"]["2"] is None
+    behind = ready(api, 2, 0).json()["behind"]
+    assert behind == [{"group": "CG-B", "committed": None, "behind_by": None, "status": "MISSING"}]
+
+
+@pytest.mark.parametrize(
+    "params, status, fragment",
+    [
+        (
+            {"gate": "nope", "topic": "payments", "partition": 0, "offset": 1},
+            404,
+            "unknown gate 'nope'",
+        ),
+        (
+            {"gate": "service-a", "topic": "other", "partition": 0, "offset": 1},
+            404,
+            "does not gate topic",
+        ),
+        (
+            {"gate": "service-a", "topic": "payments", "partition": 7, "offset": 1},
+            404,
+            "no partition 7",
+        ),
+        ({"gate": "service-a", "topic": "payments", "partition": 0, "offset": -1}, 422, "offset"),
+        (
+            {"gate": "service-a", "topic": "payments", "partition": 0, "offset": "1.5"},
+            422,
+            "offset",
+        ),
+        (
+            {"gate": "service-a", "topic": "payments", "partition": "x", "offset": 1},
+            422,
+            "partition",
+        ),
+        ({"gate": "service-a", "topic": "payments", "partition": 0}, 422, "offset"),
+        (
+            {"gate": "service-a", "topic": "payments", "partition": 0, "offset": 2**64},
+            422,
+            "offset",
+        ),
+        (
+            {"gate": "service-a", "topic": "payments", "partition": 0, "offset": 1, "wait": -1},
+            422,
+            "wait",
+        ),
+    ],
+)
+def test_bad_requests_are_json_errors(api: Harness, params, status: int, fragment: str) -> None:
+    api.publish(*ARTICLE)
+    response = api.client.get("/ready", params=params)
+    assert response.status_code == status
+    body = response.json()
+    assert set(body) == {"error", "message"} and fragment in body["message"]
+
+
+def test_unknown_routes_and_methods_are_json(api: Harness) -> None:
+    assert api.client.get("/nope").json()["error"] == "not_found"
+    response = api.client.delete("/ready")
+    assert response.status_code == 405 and response.json()["error"] == "method_not_allowed"
+    response = api.client.post(
+        "/ready", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422 and response.json()["error"] == "invalid_request"
+
+
+def test_batch_readiness(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    body = api.client.post(
+        "/ready",
+        json={
+            "gate": "service-a",
+            "records": [
+                {"topic": "payments", "partition": 0, "offset": 22},
+                {"topic": "payments", "partition": 1, "offset": 30},
+                {"topic": "payments", "partition": 9, "offset": 0},
+                {"topic": "other", "partition": 0, "offset": 0},
+            ],
+        },
+    ).json()
+    assert [r["ready"] for r in body["results"]] == [True, False, False, False]
+    assert body["all_ready"] is False
+    assert body["results"][2]["error"] and body["results"][3]["error"]
+    too_many = {
+        "gate": "service-a",
+        "records": [{"topic": "payments", "partition": 0, "offset": 0}] * 10_001,
+    }
+    assert api.client.post("/ready", json=too_many).status_code == 422
+    assert api.client.post("/ready", json={"gate": "x", "records": []}).status_code == 404
+
+
+def test_long_poll_returns_as_soon_as_released(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    timer = threading.Timer(0.3, api.publish, args=({0: 30, 1: 30, 2: 10}, {0: 40, 1: 52, 2: 15}))
+    timer.start()
+    started = time.monotonic()
+    response = ready(api, 0, 25, wait=10)
+    elapsed = time.monotonic() - started
+    timer.join()
+    assert response.status_code == 200 and response.json()["watermark"] == 30
+    assert 0.2 < elapsed < 5
+
+
+def test_long_poll_times_out_with_not_ready(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    started = time.monotonic()
+    response = ready(api, 0, 25, wait=0.3)
+    assert response.status_code == 425
+    assert 0.25 < time.monotonic() - started < 3
+
+
+def test_stream_sends_the_current_snapshot_first(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    with api.client.stream("GET", "/watermarks/service-a/stream") as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            if line.startswith("data:"):
+                break
+    assert "event: snapshot" in lines
+    data = json.loads(lines[-1].removeprefix("data:").strip())
+    assert data["topics"]["payments"] == {"0": 23, "1": 30, "2": 10}
+
+
+def test_metrics_expose_watermarks_and_dependency_state(api: Harness) -> None:
+    api.publish({0: 30, 1: 30}, {0: 23, 1: 52, 2: 15})
+    text = api.client.get("/metrics").text
+    assert 'gate_watermark{gate="service-a",partition="0",topic="payments"} 23.0' in text
+    assert 'gate_watermark{gate="service-a",partition="2",topic="payments"} -1.0' in text
+    assert 'gate_dependency_missing_partitions{gate="service-a",group="CG-B"} 1.0' in text
+    assert 'gate_dependency_status{gate="service-a",group="CG-B",status="MISSING"} 1.0' in text
+    assert (
+        'gate_committed_offset{gate="service-a",group="CG-C",partition="1",topic="payments"} 52.0'
+        in text
+    )
+    assert "gate_snapshot_age_seconds" in text
+
+
+def test_status_explains_who_holds_each_partition(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    body = api.client.get("/status/service-a").json()
+    by_partition = {p["partition"]: p for p in body["partitions"]}
+    assert by_partition[0]["holding"] == ["CG-C"]
+    assert by_partition[2]["holding"] == ["CG-B"]
+    assert by_partition[1]["groups"]["CG-C"]["lag"] == 8
+    summary = api.client.get("/status").json()
+    assert summary["gates"]["service-a"]["groups"] == {"CG-B": "OK", "CG-C": "OK"}
+
+
+def test_openapi_documents_the_endpoints(api: Harness) -> None:
+    paths = api.client.get("/openapi.json").json()["paths"]
+    for path in [
+        "/ready",
+        "/watermarks/{gate}",
+        "/watermarks/{gate}/stream",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ]:
+        assert path in paths
+    assert "425" in paths["/ready"]["get"]["responses"]
+
+
+def test_api_token_protects_everything_but_probes() -> None:
+    harness = Harness(token="s3cret")
+    with harness.client as client:
+        harness.publish(*ARTICLE)
+        assert client.get("/watermarks/service-a").status_code == 401
+        assert client.get("/metrics").status_code == 401
+        assert (
+            client.get(
+                "/watermarks/service-a", headers={"Authorization": "Bearer nope"}
+            ).status_code
+            == 401
+        )
+        ok = client.get("/watermarks/service-a", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/readyz").status_code == 200

@@ -1,0 +1,155 @@
+"""The ``gate`` command as a user runs it: exit codes and one readable line per problem."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+
+from gate._local import free_port
+from tests.support import Kafka, unique, wait_until
+
+GATE = [sys.executable, "-m", "gate.cli"]
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GATE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def config_file(tmp_path: Path, bootstrap: str, gates: str, extra: str = "") -> Path:
+    path = tmp_path / "gate.yaml"
+    path.write_text(
+        f'kafka:\n  bootstrap.servers: "{bootstrap}"\ngates:\n{textwrap.indent(gates, "  ")}{extra}'
+    )
+    return path
+
+
+def assert_no_traceback(result: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_invalid_config_exits_2_with_one_line_per_problem(tmp_path: Path) -> None:
+    path = config_file(tmp_path, "x:1", "a:\n  topics: []\n  depends_on: []\n  nope: 1\n")
+    result = run("check", "--config", str(path), "--offline")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3
+    assert any(
+        "gates.a.depends_on: must list at least one consumer group" in line for line in lines
+    )
+    assert any("gates.a.nope: is not a known setting" in line for line in lines)
+    assert_no_traceback(result)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    result = run("serve", "--config", str(tmp_path / "absent.yaml"))
+    assert result.returncode == 2 and "no such file" in result.stderr
+    assert_no_traceback(result)
+
+
+def test_cycle_is_an_error(tmp_path: Path) -> None:
+    path = config_file(
+        tmp_path,
+        "x:1",
+        "a:\n  topics: [t]\n  depends_on: [b]\nb:\n  topics: [t]\n  depends_on: [a]\n",
+    )
+    result = run("check", "--config", str(path), "--offline")
+    assert result.returncode == 1
+    assert "dependency cycle on topic 't': a -> b -> a" in result.stderr
+
+
+def test_unreachable_kafka_is_one_line(tmp_path: Path) -> None:
+    path = config_file(
+        tmp_path, f"127.0.0.1:{free_port()}", "a:\n  topics: [t]\n  depends_on: [b]\n"
+    )
+    result = run("check", "--config", str(path), "--timeout", "1")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach bootstrap servers" in lines[0]
+    assert_no_traceback(result)
+
+
+def test_check_against_the_live_cluster(tmp_path: Path, kafka: Kafka) -> None:
+    topic = kafka.create_topic(2)
+    committed, silent = unique("CG"), unique("CG")
+    kafka.commit(committed, topic, {0: 1, 1: 1})
+    gates = f"a:\n  topics: [{topic}]\n  depends_on: [{committed}]\n"
+    assert (
+        run("check", "--config", str(config_file(tmp_path, kafka.bootstrap, gates))).returncode == 0
+    )
+
+    gates = f"a:\n  topics: [{topic}, {unique('absent')}]\n  depends_on: [{committed}, {silent}]\n"
+    result = run("check", "--config", str(config_file(tmp_path, kafka.bootstrap, gates)))
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr
+    assert f"group '{silent}' has not committed" in result.stdout
+
+    gates = f"a:\n  topics: [{topic}]\n  depends_on: [{silent}]\n"
+    path = config_file(tmp_path, kafka.bootstrap, gates)
+    assert run("check", "--config", str(path)).returncode == 0  # a warning only
+    assert run("check", "--config", str(path), "--strict").returncode == 1
+
+
+def test_serve_answers_and_stops_on_sigterm(tmp_path: Path, kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    group = unique("CG")
+    kafka.commit(group, topic, {0: 4})
+    port = free_port()
+    path = config_file(
+        tmp_path,
+        kafka.bootstrap,
+        f"a:\n  topics: [{topic}]\n  depends_on: [{group}]\n",
+        f"poll_interval_ms: 50\nhttp:\n  port: {port}\n",
+    )
+    process = subprocess.Popen(
+        [*GATE, "serve", "--config", str(path)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def answered() -> dict | None:
+            try:
+                response = httpx.get(f"{url}/watermarks/a", timeout=1)
+            except httpx.HTTPError:
+                return None
+            return response.json() if response.status_code == 200 else None
+
+        body = wait_until(answered, timeout=30, what="gate serve")
+        assert body["topics"][topic] == {"0": 4}
+        second = run("serve", "--config", str(path))  # same port: busy
+        assert second.returncode == 1 and "cannot listen on 127.0.0.1" in second.stderr
+        assert_no_traceback(second)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    # uvicorn shuts down gracefully, then re-raises the signal so the exit status shows it.
+    assert process.returncode in (0, -signal.SIGTERM)
+    assert "Finished server process" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_serve_with_a_bad_kafka_property_is_one_line(tmp_path: Path) -> None:
+    path = config_file(
+        tmp_path, "127.0.0.1:1", "a:\n  topics: [t]\n  depends_on: [b]\n", "http:\n  port: 0\n"
+    )
+    path.write_text(path.read_text().replace("kafka:\n", "kafka:\n  no.such.property: 1\n"))
+    started = time.monotonic()
+    result = run("serve", "--config", str(path))
+    assert result.returncode == 1
+    assert "kafka: " in result.stderr and "no.such.property" in result.stderr
+    assert time.monotonic() - started < 30
+    assert_no_traceback(result)

@@ -1,0 +1,264 @@
+"""The gate on a real broker and a real Redis: the article's worked example and outages."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import redis
+from confluent_kafka.admin import NewPartitions
+
+from gate import snapshot_from_hash, updates_channel, watermarks_key
+from gate._local import LocalBroker, LocalRedis
+from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
+
+ARTICLE_B = {0: 30, 1: 30, 2: 10}
+ARTICLE_C = {0: 23, 1: 52, 2: 15}
+
+
+def watermarks(url: str, gate: str) -> dict | None:
+    response = httpx.get(f"{url}/watermarks/{gate}", timeout=5)
+    return response.json() if response.status_code == 200 else None
+
+
+def released_map(url: str, gate: str, topic: str) -> dict[str, int | None] | None:
+    body = watermarks(url, gate)
+    return body["topics"].get(topic) if body else None
+
+
+def test_article_example_end_to_end(kafka: Kafka, redis_url: str) -> None:
+    topic = kafka.create_topic(3)
+    cg_b, cg_c = unique("CG-B"), unique("CG-C")
+    kafka.produce(topic, {0: 60, 1: 60, 2: 60})
+    kafka.commit(cg_b, topic, ARTICLE_B)
+    kafka.commit(cg_c, topic, ARTICLE_C)
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [cg_b, cg_c]}},
+        redis_url=redis_url,
+        poll_interval_ms=100,
+    )
+    assert config.redis is not None
+    prefix = config.redis.prefix
+    client = redis.Redis.from_url(redis_url)
+    with serve_gate(config) as gate:
+        url = gate.url
+        wait_until(lambda: released_map(url, "service-a", topic), what="first snapshot")
+        assert released_map(url, "service-a", topic) == {"0": 23, "1": 30, "2": 10}
+
+        params = {"gate": "service-a", "topic": topic, "partition": 0}
+        yes = httpx.get(f"{url}/ready", params={**params, "offset": 22})
+        assert yes.status_code == 200 and yes.json()["ready"] is True
+        no = httpx.get(f"{url}/ready", params={**params, "offset": 23})
+        assert no.status_code == 425 and no.json()["ready"] is False
+        assert [(b["group"], b["committed"], b["behind_by"]) for b in no.json()["behind"]] == [
+            (cg_c, 23, 1)
+        ]
+
+        stored = wait_until(
+            lambda: snapshot_from_hash(client.hgetall(watermarks_key(prefix, "service-a"))),
+            what="redis hash",
+        )
+        assert {p: w for (t, p), w in stored.watermarks.items()} == {0: 23, 1: 30, 2: 10}
+
+        # Watchers of every kind, started before CG-C moves on.
+        sse_events: list[dict] = []
+        long_poll: dict = {}
+        pubsub = client.pubsub()
+        pubsub.subscribe(updates_channel(prefix, "service-a"))
+
+        def follow_stream() -> None:
+            with httpx.stream("GET", f"{url}/watermarks/service-a/stream", timeout=30) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        sse_events.append(json.loads(line[5:]))
+                        if sse_events[-1]["topics"][topic]["0"] == 30:
+                            return
+
+        def wait_released() -> None:
+            response = httpx.get(
+                f"{url}/ready", params={**params, "offset": 25, "wait": 20}, timeout=30
+            )
+            long_poll.update(status=response.status_code, body=response.json(), at=time.time())
+
+        threads = [threading.Thread(target=follow_stream), threading.Thread(target=wait_released)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: sse_events, what="first SSE event")
+        kafka.commit(cg_c, topic, {0: 40})
+        committed_at = time.time()
+        for thread in threads:
+            thread.join(30)
+
+        assert sse_events[-1]["topics"][topic] == {"0": 30, "1": 30, "2": 10}
+        assert long_poll["status"] == 200 and long_poll["body"]["watermark"] == 30
+        # Every poll that started after the commit completed reports it.
+        after = [e for e in sse_events if _epoch(e["polled_at"]) > committed_at]
+        assert all(e["topics"][topic]["0"] == 30 for e in after)
+
+        message = wait_until(
+            lambda: _next_update(pubsub, topic, 30), timeout=10, what="pub/sub update"
+        )
+        assert message["topics"][topic]["0"] == 30
+        stored = snapshot_from_hash(client.hgetall(watermarks_key(prefix, "service-a")))
+        assert stored is not None and stored.watermarks[(topic, 0)] == 30
+        pubsub.close()
+
+
+def _epoch(iso: str) -> float:
+    from gate._watermark import parse_time
+
+    return parse_time(iso)
+
+
+def _next_update(pubsub, topic: str, wanted: int) -> dict | None:
+    message = pubsub.get_message(timeout=0.5)
+    if message and message["type"] == "message":
+        body = json.loads(message["data"])
+        if body["topics"][topic]["0"] == wanted:
+            return body
+    return None
+
+
+def test_rewind_deleted_group_and_late_topic(kafka: Kafka) -> None:
+    topic = kafka.create_topic(2)
+    late_topic = unique("late")
+    cg_b, cg_c = unique("CG-B"), unique("CG-C")
+    kafka.produce(topic, {0: 50, 1: 50})
+    kafka.commit(cg_b, topic, {0: 40, 1: 40})
+    kafka.commit(cg_c, topic, {0: 45, 1: 45})
+    config = gate_config(
+        kafka.bootstrap,
+        {"a": {"topics": [topic, late_topic], "depends_on": [cg_b, cg_c]}},
+        metadata_interval_ms=100,
+    )
+    with serve_gate(config) as gate:
+        url = gate.url
+        wait_until(lambda: released_map(url, "a", topic) == {"0": 40, "1": 40}, what="initial")
+        early = httpx.get(
+            f"{url}/ready", params={"gate": "a", "topic": late_topic, "partition": 0, "offset": 0}
+        )
+        assert early.status_code == 425 and "does not exist" in early.json()["reason"]
+
+        kafka.commit(cg_b, topic, {0: 10})  # rewind: the watermark follows it down
+        wait_until(lambda: released_map(url, "a", topic) == {"0": 10, "1": 40}, what="rewind")
+        metrics = httpx.get(f"{url}/metrics").text
+        assert f'gate_rewinds_total{{gate="a",group="{cg_b}"}} 1.0' in metrics
+        status = httpx.get(f"{url}/status/a").json()
+        assert {p["partition"]: p["groups"][cg_b]["status"] for p in status["partitions"]}[
+            0
+        ] == "REWOUND"
+
+        deleted = kafka.admin.delete_consumer_groups([cg_c])
+        for future in deleted.values():
+            future.result(10)
+        wait_until(
+            lambda: released_map(url, "a", topic) == {"0": None, "1": None}, what="group deleted"
+        )
+        metrics = httpx.get(f"{url}/metrics").text
+        assert f'gate_dependency_missing_partitions{{gate="a",group="{cg_c}"}} 2.0' in metrics
+        assert f'gate_dependency_offsets_lost_total{{gate="a",group="{cg_c}"}} 2.0' in metrics
+
+        kafka.create_topic(1, name=late_topic)
+        kafka.commit(cg_b, late_topic, {0: 3})
+        kafka.commit(cg_c, late_topic, {0: 5})
+        wait_until(
+            lambda: released_map(url, "a", late_topic) == {"0": 3}, what="late topic picked up"
+        )
+
+
+def test_added_partitions_are_picked_up(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    cg = unique("CG")
+    kafka.commit(cg, topic, {0: 5})
+    try:
+        for future in kafka.admin.create_partitions([NewPartitions(topic, 2)]).values():
+            future.result(10)
+    except Exception as exc:
+        if "not supported" in str(exc).lower() or "UNSUPPORTED" in str(exc):
+            pytest.skip(f"this broker cannot add partitions: {exc}")
+        raise
+    config = gate_config(
+        kafka.bootstrap, {"a": {"topics": [topic], "depends_on": [cg]}}, metadata_interval_ms=100
+    )
+    with serve_gate(config) as gate:
+        wait_until(
+            lambda: released_map(gate.url, "a", topic) == {"0": 5, "1": None}, what="new partition"
+        )
+
+
+def test_kafka_outage_keeps_the_last_snapshot_and_recovers(local_broker: LocalBroker) -> None:
+    kafka = Kafka(local_broker.bootstrap)
+    topic = kafka.create_topic(1)
+    kafka.commit("b", topic, {0: 7})
+    config = gate_config(
+        local_broker.bootstrap,
+        {"a": {"topics": [topic], "depends_on": ["b"]}},
+        request_timeout_ms=300,
+        readiness_max_age_ms=1000,
+    )
+    with serve_gate(config) as gate:
+        url = gate.url
+        wait_until(lambda: released_map(url, "a", topic) == {"0": 7}, what="first snapshot")
+        local_broker.suspend()
+        try:
+            wait_until(
+                lambda: httpx.get(f"{url}/readyz").status_code == 503, timeout=15, what="not ready"
+            )
+            body = watermarks(url, "a")
+            assert body is not None and body["topics"][topic] == {"0": 7}
+            assert body["age_s"] >= 1.0
+            assert (
+                httpx.get(
+                    f"{url}/ready",
+                    params={"gate": "a", "topic": topic, "partition": 0, "offset": 6},
+                ).status_code
+                == 200
+            )
+            assert httpx.get(f"{url}/status").json()["last_poll"]["errors"]
+        finally:
+            local_broker.resume()
+        wait_until(
+            lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=20, what="recovered"
+        )
+        kafka.commit("b", topic, {0: 9})
+        wait_until(lambda: released_map(url, "a", topic) == {"0": 9}, timeout=20, what="fresh data")
+        assert "gate_poll_errors_total" in httpx.get(f"{url}/metrics").text
+
+
+def test_redis_outage_and_restart_republishes(kafka: Kafka, local_redis: LocalRedis) -> None:
+    topic = kafka.create_topic(1)
+    group = unique("CG")
+    kafka.commit(group, topic, {0: 3})
+    config = gate_config(
+        kafka.bootstrap,
+        {"a": {"topics": [topic], "depends_on": [group]}},
+        redis_url=local_redis.url,
+    )
+    assert config.redis is not None
+    key = watermarks_key(config.redis.prefix, "a")
+
+    def stored() -> dict | None:
+        try:
+            snapshot = snapshot_from_hash(redis.Redis.from_url(local_redis.url).hgetall(key))
+        except redis.RedisError:
+            return None
+        return None if snapshot is None else {p: w for (_, p), w in snapshot.watermarks.items()}
+
+    with serve_gate(config) as gate:
+        wait_until(lambda: stored() == {0: 3}, what="first write")
+        local_redis.kill()
+        kafka.commit(group, topic, {0: 8})
+        wait_until(
+            lambda: released_map(gate.url, "a", topic) == {"0": 8}, what="HTTP keeps working"
+        )
+        wait_until(
+            lambda: "gate_redis_healthy 0.0" in httpx.get(f"{gate.url}/metrics").text,
+            what="unhealthy",
+        )
+        local_redis.start()  # same port, empty memory
+        wait_until(lambda: stored() == {0: 8}, timeout=20, what="republished after restart")
+        assert "gate_redis_healthy 1.0" in httpx.get(f"{gate.url}/metrics").text

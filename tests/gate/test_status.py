@@ -1,0 +1,158 @@
+"""The gate evaluator: versions, dependency statuses, rewinds and lost offsets (pure)."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gate import DependencyStatus, GateEvaluator, PollResult, StatusPolicy
+
+OK, LAGGING, STALLED, REWOUND, MISSING = (
+    DependencyStatus.OK,
+    DependencyStatus.LAGGING,
+    DependencyStatus.STALLED,
+    DependencyStatus.REWOUND,
+    DependencyStatus.MISSING,
+)
+
+
+def poll(
+    at: float,
+    committed: dict[str, dict[int, int]],
+    end: dict[int, int] | None = None,
+    partitions: int = 3,
+) -> PollResult:
+    return PollResult(
+        started_at=at,
+        finished_at=at + 0.01,
+        partition_counts={"t": partitions},
+        end_offsets={("t", p): o for p, o in (end or {}).items()},
+        committed={g: {("t", p): o for p, o in offs.items()} for g, offs in committed.items()},
+    )
+
+
+def evaluator(**policy: object) -> GateEvaluator:
+    return GateEvaluator("a", ["t"], ["b", "c"], StatusPolicy(**policy))  # type: ignore[arg-type]
+
+
+def test_article_example_with_holding_groups() -> None:
+    state = evaluator().observe(
+        poll(
+            1000.0, {"b": {0: 30, 1: 30, 2: 10}, "c": {0: 23, 1: 52, 2: 15}}, {0: 60, 1: 60, 2: 60}
+        )
+    )
+    assert state.snapshot.watermarks == {("t", 0): 23, ("t", 1): 30, ("t", 2): 10}
+    assert state.partitions[("t", 0)].holding == ("c",)
+    assert state.partitions[("t", 1)].holding == ("b",)
+    assert state.partitions[("t", 0)].groups["b"].lag == 30
+    behind = state.partitions[("t", 0)].behind(23)
+    assert behind == [{"group": "c", "committed": 23, "behind_by": 1, "status": "OK"}]
+
+
+def test_missing_group_holds_the_partition_and_is_reported() -> None:
+    state = evaluator().observe(poll(1.0, {"b": {0: 5, 1: 5, 2: 5}, "c": {0: 5}}))
+    assert state.snapshot.watermarks[("t", 1)] is None
+    assert state.partitions[("t", 1)].holding == ("c",)
+    assert state.groups == {"b": OK, "c": MISSING}
+
+
+def test_a_missing_topic_is_listed_and_has_no_partitions() -> None:
+    ev = GateEvaluator("a", ["t", "gone"], ["b"])
+    state = ev.observe(poll(1.0, {"b": {0: 1}}, partitions=1))
+    assert state.missing_topics == ("gone",)
+    assert set(state.partitions) == {("t", 0)}
+
+
+def test_stalled_when_lag_persists_without_commits() -> None:
+    ev = evaluator(stall_after=10.0)
+    committed = {"b": {0: 5, 1: 5, 2: 5}, "c": {0: 9, 1: 9, 2: 9}}
+    ev.observe(poll(0.0, committed, {0: 9, 1: 9, 2: 9}))
+    assert ev.observe(poll(9.0, committed, {0: 9, 1: 9, 2: 9})).groups["b"] == OK
+    state = ev.observe(poll(10.0, committed, {0: 9, 1: 9, 2: 9}))
+    assert state.groups == {"b": STALLED, "c": OK}  # c has no lag: idle, not stalled
+    moved = {"b": {0: 6, 1: 5, 2: 5}, "c": committed["c"]}
+    state = ev.observe(poll(11.0, moved, {0: 9, 1: 9, 2: 9}))
+    assert state.partitions[("t", 0)].groups["b"].status == OK
+    assert state.partitions[("t", 1)].groups["b"].status == STALLED
+
+
+def test_lagging_when_lag_grows_over_the_window() -> None:
+    ev = evaluator(lag_window=10.0, stall_after=1000.0)
+    ev.observe(poll(0.0, {"b": {0: 10}, "c": {0: 10}}, {0: 12}, partitions=1))
+    state = ev.observe(poll(10.0, {"b": {0: 15}, "c": {0: 30}}, {0: 30}, partitions=1))
+    assert state.groups == {"b": LAGGING, "c": OK}
+    state = ev.observe(poll(20.0, {"b": {0: 28}, "c": {0: 30}}, {0: 30}, partitions=1))
+    assert state.groups["b"] == OK
+
+
+def test_rewind_follows_down_by_default_and_is_reported() -> None:
+    ev = evaluator(rewind_window=60.0)
+    ev.observe(poll(0.0, {"b": {0: 50}, "c": {0: 40}}, partitions=1))
+    state = ev.observe(poll(1.0, {"b": {0: 10}, "c": {0: 40}}, partitions=1))
+    assert state.snapshot.watermarks[("t", 0)] == 10
+    assert [(r.group, r.before, r.after) for r in state.rewinds] == [("b", 50, 10)]
+    assert state.groups["b"] == REWOUND
+    assert ev.observe(poll(61.0, {"b": {0: 10}, "c": {0: 40}}, partitions=1)).groups["b"] == OK
+
+
+def test_rewind_with_keep_highest_keeps_what_was_released() -> None:
+    ev = evaluator(rewind_policy="keep_highest")
+    ev.observe(poll(0.0, {"b": {0: 50}, "c": {0: 60}}, partitions=1))
+    state = ev.observe(poll(1.0, {"b": {0: 10}, "c": {0: 60}}, partitions=1))
+    assert state.snapshot.watermarks[("t", 0)] == 50
+    assert len(state.rewinds) == 1
+
+
+def test_lost_offsets_are_reported_once_and_release_nothing() -> None:
+    ev = evaluator()
+    ev.observe(poll(0.0, {"b": {0: 50}, "c": {0: 60}}, partitions=1))
+    state = ev.observe(poll(1.0, {"b": {}, "c": {0: 60}}, partitions=1))
+    assert [(lost.group, lost.last) for lost in state.lost] == [("b", 50)]
+    assert state.snapshot.watermarks[("t", 0)] is None
+    assert ev.observe(poll(2.0, {"b": {}, "c": {0: 60}}, partitions=1)).lost == ()
+
+
+def test_changed_flag_tracks_watermark_changes_only() -> None:
+    ev = evaluator()
+    committed = {"b": {0: 1, 1: 1, 2: 1}, "c": {0: 1, 1: 1, 2: 1}}
+    assert ev.observe(poll(0.0, committed)).changed
+    assert not ev.observe(poll(1.0, committed, {0: 100})).changed
+    committed["c"] = {0: 2, 1: 1, 2: 1}
+    assert not ev.observe(poll(2.0, committed)).changed  # b still at 1
+    committed["b"] = {0: 3, 1: 1, 2: 1}
+    assert ev.observe(poll(3.0, committed)).changed
+
+
+@given(st.lists(st.floats(0, 4e9, allow_nan=False), min_size=1, max_size=30), st.integers(0, 2**45))
+def test_versions_strictly_increase_whatever_the_clock_does(times: list[float], floor: int) -> None:
+    ev = GateEvaluator("a", ["t"], ["b"], version_floor=floor)
+    versions = [ev.observe(poll(at, {"b": {0: 1}}, partitions=1)).version for at in times]
+    assert versions[0] > floor
+    assert all(b > a for a, b in itertools.pairwise(versions))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(st.integers(0, 2), st.integers(0, 100)),
+            st.dictionaries(st.integers(0, 2), st.integers(0, 100)),
+        ),
+        min_size=1,
+        max_size=15,
+    )
+)
+def test_evaluator_watermarks_equal_the_pure_minimum_under_follow(history) -> None:
+    ev = evaluator()
+    for step, (b, c) in enumerate(history):
+        state = ev.observe(poll(float(step), {"b": b, "c": c}))
+        for p in range(3):
+            expected = min(b[p], c[p]) if p in b and p in c else None
+            assert state.snapshot.watermarks[("t", p)] == expected
+            holding = state.partitions[("t", p)].holding
+            assert holding and all(
+                (g == "b" and (b.get(p) is None or b[p] == expected))
+                or (g == "c" and (c.get(p) is None or c[p] == expected))
+                for g in holding
+            )

@@ -1,0 +1,126 @@
+"""Helpers for tests on real services: Kafka topics, commits, and a gate served over HTTP."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from gate import GateConfig, GateService, parse_config
+from gate._serve import ServedGate
+
+T = TypeVar("T")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_until(
+    condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Poll ``condition`` until it returns something truthy; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+@dataclass
+class Kafka:
+    """A handle on the test broker with the few operations tests need."""
+
+    bootstrap: str
+    admin: AdminClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+
+    def create_topic(self, partitions: int = 3, name: str | None = None) -> str:
+        name = name or unique("topic")
+        futures = self.admin.create_topics([NewTopic(name, partitions, 1)])
+        for future in futures.values():
+            future.result(10)
+        wait_until(lambda: name in self.admin.list_topics(timeout=5).topics, what=f"topic {name}")
+        return name
+
+    def producer(self, **extra: Any) -> Producer:
+        # One record per batch keeps end offsets exact on brokers that report the end of a
+        # partition from the base offset of its last batch.
+        config = {"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1}
+        config.update(extra)
+        return Producer(config)
+
+    def produce(
+        self,
+        topic: str,
+        per_partition: Mapping[int, int],
+        key: Callable[[int, int], bytes | None] | None = None,
+    ) -> None:
+        producer = self.producer()
+        for partition, count in per_partition.items():
+            for i in range(count):
+                producer.produce(
+                    topic,
+                    value=f"{partition}:{i}".encode(),
+                    key=key(partition, i) if key else None,
+                    partition=partition,
+                )
+        producer.flush(30)
+
+    def commit(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Commit offsets for a group without joining it (as a standalone consumer)."""
+        consumer = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": group, "enable.auto.commit": False}
+        )
+        try:
+            consumer.commit(
+                offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                asynchronous=False,
+            )
+        finally:
+            consumer.close()
+
+    def committed(self, group: str, topic: str, partitions: int) -> dict[int, int]:
+        consumer = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": group, "enable.auto.commit": False}
+        )
+        try:
+            found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], 10)
+        finally:
+            consumer.close()
+        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+
+
+def gate_config(
+    bootstrap: str,
+    gates: Mapping[str, Mapping[str, Any]],
+    *,
+    redis_url: str | None = None,
+    poll_interval_ms: int = 50,
+    **extra: Any,
+) -> GateConfig:
+    data: dict[str, Any] = {
+        "kafka": {"bootstrap.servers": bootstrap},
+        "poll_interval_ms": poll_interval_ms,
+        "gates": {name: dict(spec) for name, spec in gates.items()},
+        "http": {"host": "127.0.0.1", "port": 0},
+    }
+    if redis_url:
+        data["redis"] = {"url": redis_url, "prefix": unique("gate")}
+    data.update(extra)
+    return parse_config(data, env={})
+
+
+def serve_gate(config: GateConfig) -> ServedGate:
+    """The gate service and its HTTP API on a free loopback port, in a background thread."""
+    return ServedGate(GateService(config))
