@@ -11,11 +11,11 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -122,6 +122,75 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+MAX_PARTITION = 2**31 - 1
+MAX_OFFSET = 2**63 - 1
+
+
+def _query_parameter(
+    name: str, schema: dict[str, Any], description: str, required: bool = True
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "schema": schema,
+        "description": description,
+    }
+
+
+READY_PARAMETERS = [
+    _query_parameter("gate", {"type": "string", "minLength": 1, "maxLength": 200}, "Gate name."),
+    _query_parameter("topic", {"type": "string", "minLength": 1, "maxLength": 249}, "Topic."),
+    _query_parameter(
+        "partition", {"type": "integer", "minimum": 0, "maximum": MAX_PARTITION}, "Partition."
+    ),
+    _query_parameter(
+        "offset", {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}, "Record offset."
+    ),
+    _query_parameter(
+        "wait",
+        {"type": "number", "minimum": 0, "default": 0},
+        "Seconds to wait for release (long-poll); 0 answers at once.",
+        required=False,
+    ),
+]
+
+
+def parse_ready_query(query: Mapping[str, str]) -> tuple[str, str, int, int, float]:
+    """The parameters of ``GET /ready``, or an ``invalid_request`` error naming each problem."""
+    problems = []
+    gate = query.get("gate", "")
+    topic = query.get("topic", "")
+    if not 1 <= len(gate) <= 200:
+        problems.append("gate: required, 1 to 200 characters")
+    if not 1 <= len(topic) <= 249:
+        problems.append("topic: required, 1 to 249 characters")
+    partition = _bounded_int(query.get("partition"), MAX_PARTITION)
+    if partition is None:
+        problems.append(f"partition: required, an integer from 0 to {MAX_PARTITION}")
+    offset = _bounded_int(query.get("offset"), MAX_OFFSET)
+    if offset is None:
+        problems.append(f"offset: required, an integer from 0 to {MAX_OFFSET}")
+    wait = 0.0
+    if "wait" in query:
+        try:
+            wait = float(query["wait"])
+        except ValueError:
+            wait = -1.0
+        if not 0 <= wait < float("inf"):
+            problems.append("wait: a number of seconds, 0 or more")
+    if problems:
+        raise ApiError(422, "invalid_request", "; ".join(problems))
+    return gate, topic, partition, offset, wait  # type: ignore[return-value]
+
+
+def _bounded_int(text: str | None, maximum: int) -> int | None:
+    if text is None or not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value <= maximum else None
+
+
 def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
     """Build the API around a service; with ``manage_service`` the app starts and stops it."""
     settings = service.config.http
@@ -218,20 +287,15 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         responses={NOT_READY: {"model": ReadyAnswer, "description": "Not released yet."}},
         dependencies=protected,
         summary="Is this record released?",
+        openapi_extra={"parameters": READY_PARAMETERS},
     )
-    async def ready(
-        gate: Annotated[str, Query(min_length=1, max_length=200)],
-        topic: Annotated[str, Query(min_length=1, max_length=249)],
-        partition: Annotated[int, Query(ge=0, le=2**31 - 1)],
-        offset: Annotated[int, Query(ge=0, le=2**63 - 1)],
-        wait: Annotated[
-            float,
-            Query(ge=0, description="Seconds to wait for release (long-poll); 0 answers at once."),
-        ] = 0.0,
-    ) -> Response:
+    async def ready(request: Request) -> Response:
         """200 when every dependency group has committed past the record, else 425 Too Early
         with the groups that are behind. With ``wait`` the call returns as soon as the
         record is released, or with 425 when the wait ends."""
+        # Parsed by hand: this is the hot path, and FastAPI's per-parameter validation
+        # costs more than the answer itself. Errors keep the API's 422 format.
+        gate, topic, partition, offset, wait = parse_ready_query(request.query_params)
         status, body, state = answer(gate, topic, partition, offset)
         if status == NOT_READY and wait > 0:
             deadline = time.monotonic() + min(wait, settings.max_wait_s)

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 
 def _die_with_parent() -> None:
@@ -66,7 +67,7 @@ class LocalProcess:
     def command(self) -> list[str]:
         raise NotImplementedError
 
-    def start(self, timeout: float = 15.0) -> LocalProcess:
+    def start(self, timeout: float = 15.0) -> Self:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.command(),
@@ -118,7 +119,7 @@ class LocalProcess:
                 process.wait(5)
         self.process = None
 
-    def restart(self, timeout: float = 15.0) -> LocalProcess:
+    def restart(self, timeout: float = 15.0) -> Self:
         self.stop()
         return self.start(timeout)
 
@@ -126,7 +127,7 @@ class LocalProcess:
         self.stop()
         self._dir.cleanup()
 
-    def __enter__(self) -> LocalProcess:
+    def __enter__(self) -> Self:
         return self.start() if self.process is None else self
 
     def __exit__(

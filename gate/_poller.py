@@ -44,6 +44,10 @@ class OffsetPoller:
         self._metadata_interval = metadata_interval
         self._partition_counts: dict[str, int] = {}
         self._metadata_at = float("-inf")
+        # Requests are rebuilt only when partition counts change.
+        self._requests: dict[str, list[ConsumerGroupTopicPartitions]] = {}
+        self._end_request: dict[TopicPartition, OffsetSpec] = {}
+        self._requests_for: dict[str, int] | None = None
 
     @property
     def topics(self) -> list[str]:
@@ -64,6 +68,17 @@ class OffsetPoller:
         self._metadata_at = time.monotonic()
         return []
 
+    def _build_requests(self, counts: Mapping[str, int]) -> None:
+        self._requests = {}
+        for group, topics in self._topics_by_group.items():
+            wanted = [TopicPartition(t, p) for t in topics for p in range(counts.get(t, 0))]
+            if wanted:
+                self._requests[group] = [ConsumerGroupTopicPartitions(group, wanted)]
+        self._end_request = {
+            TopicPartition(t, p): OffsetSpec.latest() for t, n in counts.items() for p in range(n)
+        }
+        self._requests_for = dict(counts)
+
     def poll(self) -> PollResult:
         started_at = time.time()
         errors: list[str] = []
@@ -74,18 +89,13 @@ class OffsetPoller:
                 errors.extend(metadata_errors)
                 if not self._partition_counts:
                     failed_topics.update(self._topics)
-        counts = dict(self._partition_counts)
-        partitions = {t: [(t, p) for p in range(n)] for t, n in counts.items()}
+        counts = self._partition_counts
+        if counts != self._requests_for:
+            self._build_requests(counts)
 
         group_futures: dict[str, Future] = {}
         failed_groups: set[str] = set()
-        for group, topics in self._topics_by_group.items():
-            wanted = [
-                TopicPartition(t, p) for topic in topics for t, p in partitions.get(topic, ())
-            ]
-            if not wanted:
-                continue
-            request = [ConsumerGroupTopicPartitions(group, wanted)]
+        for group, request in self._requests.items():
             try:
                 futures = self._admin.list_consumer_group_offsets(
                     request, request_timeout=self._timeout
@@ -97,12 +107,10 @@ class OffsetPoller:
             group_futures[group] = futures[group]
 
         end_futures: dict[TopicPartition, Future] = {}
-        all_partitions = [TopicPartition(t, p) for tps in partitions.values() for t, p in tps]
-        if all_partitions:
+        if self._end_request:
             try:
                 end_futures = self._admin.list_offsets(
-                    {tp: OffsetSpec.latest() for tp in all_partitions},
-                    request_timeout=self._timeout,
+                    self._end_request, request_timeout=self._timeout
                 )
             except KafkaException as exc:
                 errors.append(f"end offsets: {describe_kafka_error(exc)}")
@@ -133,10 +141,11 @@ class OffsetPoller:
         if end_error:
             errors.append(end_error)
 
+        self._admin.poll(0)  # delivers librdkafka's log lines to the Python logger
         return PollResult(
             started_at=started_at,
             finished_at=time.time(),
-            partition_counts=counts,
+            partition_counts=dict(counts),
             end_offsets=end_offsets,
             committed=committed,
             failed_groups=frozenset(failed_groups),

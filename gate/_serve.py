@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -54,7 +53,7 @@ class ServedGate:
         self._thread = threading.Thread(target=self._run, daemon=True, name="gate-http")
 
     def _run(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self.socket]))
+        self._server.run(sockets=[self.socket])
 
     @property
     def url(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from gate._watermark import Partition, Snapshot, compute_watermarks
 
@@ -36,6 +36,15 @@ SEVERITY: tuple[DependencyStatus, ...] = (
     DependencyStatus.OK,
 )
 _RANK = {status: rank for rank, status in enumerate(SEVERITY)}
+OK, LAGGING, REWOUND, STALLED, MISSING = (
+    DependencyStatus.OK,
+    DependencyStatus.LAGGING,
+    DependencyStatus.REWOUND,
+    DependencyStatus.STALLED,
+    DependencyStatus.MISSING,
+)
+_OK_RANK = _RANK[OK]
+_MISSING_RANK = _RANK[MISSING]
 
 RewindPolicy = Literal["follow", "keep_highest"]
 
@@ -45,7 +54,8 @@ class StatusPolicy:
     stall_after: float = 60.0
     """Seconds a group may have lag without committing before it is STALLED."""
     lag_window: float = 30.0
-    """Seconds over which the lag trend is judged (LAGGING when it grew)."""
+    """Seconds over which the lag trend is judged: LAGGING when the smallest lag seen in a
+    window is larger than the smallest lag seen in the window before (the floor rises)."""
     rewind_window: float = 300.0
     """Seconds a group stays REWOUND after its committed offset went backwards."""
     rewind_policy: RewindPolicy = "follow"
@@ -76,9 +86,8 @@ class PollResult:
         return self.finished_at - self.started_at
 
 
-@dataclass(frozen=True, slots=True)
-class GroupPosition:
-    """One dependency group on one partition."""
+class GroupPosition(NamedTuple):
+    """One dependency group on one partition (a tuple: built for every pair on every poll)."""
 
     committed: int | None
     lag: int | None
@@ -165,16 +174,37 @@ class GateState:
 class _Track:
     """Memory of one group on one partition across polls."""
 
-    __slots__ = ("committed", "growing", "highest", "moved_at", "ref_at", "ref_lag", "rewound_at")
+    __slots__ = (
+        "committed",
+        "floor",
+        "growing",
+        "highest",
+        "moved_at",
+        "previous_floor",
+        "rewound_at",
+        "window_at",
+    )
 
-    def __init__(self, committed: int, now: float, lag: int | None) -> None:
+    def __init__(self, committed: int, now: float) -> None:
         self.committed = committed
         self.highest = committed
         self.moved_at = now
         self.rewound_at: float | None = None
-        self.ref_at = now
-        self.ref_lag = lag
+        self.window_at = now
+        self.floor: int | None = None
+        self.previous_floor: int | None = None
         self.growing = False
+
+    def observe_lag(self, lag: int | None, now: float, window: float) -> None:
+        if lag is not None and (self.floor is None or lag < self.floor):
+            self.floor = lag
+        if now - self.window_at >= window:
+            self.growing = bool(
+                self.floor and self.previous_floor is not None and self.floor > self.previous_floor
+            )
+            self.previous_floor = self.floor
+            self.floor = None
+            self.window_at = now
 
 
 @dataclass
@@ -218,10 +248,14 @@ class GateEvaluator:
         keep_highest = policy.rewind_policy == "keep_highest"
         tracks = self._tracks
 
+        stall_after = policy.stall_after
+        rewind_window = policy.rewind_window
+        lag_window = policy.lag_window
+        end_offsets = poll.end_offsets
         for group in self.groups:
             group_committed = poll.committed.get(group, {})
             group_effective = effective[group]
-            worst_rank = _RANK[DependencyStatus.OK]
+            worst_rank = _OK_RANK
             for tp in partitions:
                 committed = group_committed.get(tp)
                 key = (group, tp)
@@ -230,31 +264,36 @@ class GateEvaluator:
                     if track is not None:
                         lost.append(LostOffset(group, tp[0], tp[1], track.committed))
                         del tracks[key]
-                    status = DependencyStatus.MISSING
-                    positions[tp][group] = GroupPosition(None, None, status, None)
+                    positions[tp][group] = GroupPosition(None, None, MISSING, None)
+                    worst_rank = _MISSING_RANK
+                    continue
+                end = end_offsets.get(tp)
+                lag = (end - committed if end > committed else 0) if end is not None else None
+                if track is None:
+                    track = tracks[key] = _Track(committed, now)
+                elif committed != track.committed:
+                    if committed < track.committed:
+                        rewinds.append(Rewind(group, tp[0], tp[1], track.committed, committed))
+                        track.rewound_at = now
+                    elif committed > track.highest:
+                        track.highest = committed
+                    track.committed = committed
+                    track.moved_at = now
+                track.observe_lag(lag, now, lag_window)
+                # Status, most severe first (see SEVERITY).
+                if lag and now - track.moved_at >= stall_after:
+                    status = STALLED
+                elif track.rewound_at is not None and now - track.rewound_at < rewind_window:
+                    status = REWOUND
+                elif track.growing:
+                    status = LAGGING
                 else:
-                    end = poll.end_offsets.get(tp)
-                    lag = max(0, end - committed) if end is not None else None
-                    if track is None:
-                        track = tracks[key] = _Track(committed, now, lag)
-                    elif committed != track.committed:
-                        if committed < track.committed:
-                            rewinds.append(Rewind(group, tp[0], tp[1], track.committed, committed))
-                            track.rewound_at = now
-                        track.committed = committed
-                        track.moved_at = now
-                        if committed > track.highest:
-                            track.highest = committed
-                    if now - track.ref_at >= policy.lag_window:
-                        track.growing = bool(
-                            lag and track.ref_lag is not None and lag > track.ref_lag
-                        )
-                        track.ref_at = now
-                        track.ref_lag = lag
-                    status = _position_status(track, lag, now, policy)
-                    positions[tp][group] = GroupPosition(committed, lag, status, track.moved_at)
-                    group_effective[tp] = track.highest if keep_highest else committed
-                worst_rank = min(worst_rank, _RANK[status])
+                    status = OK
+                positions[tp][group] = GroupPosition(committed, lag, status, track.moved_at)
+                group_effective[tp] = track.highest if keep_highest else committed
+                rank = _RANK[status]
+                if rank < worst_rank:
+                    worst_rank = rank
             overall[group] = SEVERITY[worst_rank]
 
         watermarks = compute_watermarks(partitions, effective)
@@ -289,15 +328,3 @@ class GateEvaluator:
         )
         self._last = state
         return state
-
-
-def _position_status(
-    track: _Track, lag: int | None, now: float, policy: StatusPolicy
-) -> DependencyStatus:
-    if lag and now - track.moved_at >= policy.stall_after:
-        return DependencyStatus.STALLED
-    if track.rewound_at is not None and now - track.rewound_at < policy.rewind_window:
-        return DependencyStatus.REWOUND
-    if track.growing:
-        return DependencyStatus.LAGGING
-    return DependencyStatus.OK

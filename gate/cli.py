@@ -6,7 +6,6 @@ usage. Errors are one readable line each, never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -77,7 +76,7 @@ def serve(config: ConfigOption, log_level: LogLevel = "info") -> None:
     server = make_server(service, log_level.lower())
     host, port = sock.getsockname()[:2]
     logging.getLogger("gate").info("serving %d gate(s) on http://%s:%d", len(cfg.gates), host, port)
-    asyncio.run(server.serve(sockets=[sock]))
+    server.run(sockets=[sock])
     if not server.started:
         fail("the service did not start; see the log above")
 
@@ -107,6 +106,41 @@ def check(
         f"ok: {len(cfg.gates)} gate(s), {len(cfg.groups)} dependency group(s), "
         f"{len(cfg.topics)} topic(s)" + (f", {len(problems)} warning(s)" if problems else "")
     )
+
+
+@app.command()
+def demo(
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Use this broker instead of starting a local one.")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Use this Redis instead of starting a local one.")
+    ] = None,
+    no_redis: Annotated[bool, typer.Option("--no-redis", help="Publish over HTTP only.")] = False,
+    port: Annotated[int, typer.Option(help="HTTP port of the gate.")] = 8080,
+    duration: Annotated[float, typer.Option(min=0, help="Seconds to run (0: until Ctrl-C).")] = 0.0,
+    rate: Annotated[float, typer.Option(min=0.1, help="Records produced per second.")] = 50.0,
+    live: Annotated[bool, typer.Option(help="Redraw the table continuously.")] = True,
+) -> None:
+    """Run the whole story locally: broker, Redis, dependency services and the gate."""
+    from gate._demo import DemoOptions, run_demo
+    from gate._local import LocalServiceError
+
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    options = DemoOptions(
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        use_redis=not no_redis,
+        port=port,
+        duration=duration,
+        rate=rate,
+        live=live,
+    )
+    try:
+        code = run_demo(options)
+    except LocalServiceError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
 
 
 def main() -> None:

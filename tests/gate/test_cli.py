@@ -153,3 +153,20 @@ def test_serve_with_a_bad_kafka_property_is_one_line(tmp_path: Path) -> None:
     assert "kafka: " in result.stderr and "no.such.property" in result.stderr
     assert time.monotonic() - started < 30
     assert_no_traceback(result)
+
+
+def test_demo_runs_the_whole_story_and_stops_by_itself() -> None:
+    result = run("demo", "--duration", "8", "--no-live", "--port", "0", timeout=120)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout
+    assert "gate service-a on topic payments" in output
+    assert "service-b" in output and "service-c" in output
+    rows = [
+        line
+        for line in output.splitlines()
+        if line.startswith("│") and line.split("│")[1].strip().isdigit()
+    ]
+    assert len(rows) == 3
+    watermarks = [row.split("│")[5].strip().replace(",", "") for row in rows]
+    assert all(w.isdigit() and int(w) > 0 for w in watermarks), rows
+    assert_no_traceback(result)

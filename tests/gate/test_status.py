@@ -78,13 +78,22 @@ def test_stalled_when_lag_persists_without_commits() -> None:
     assert state.partitions[("t", 1)].groups["b"].status == STALLED
 
 
-def test_lagging_when_lag_grows_over_the_window() -> None:
+def test_lagging_when_the_lag_floor_rises_from_window_to_window() -> None:
     ev = evaluator(lag_window=10.0, stall_after=1000.0)
-    ev.observe(poll(0.0, {"b": {0: 10}, "c": {0: 10}}, {0: 12}, partitions=1))
-    state = ev.observe(poll(10.0, {"b": {0: 15}, "c": {0: 30}}, {0: 30}, partitions=1))
-    assert state.groups == {"b": LAGGING, "c": OK}
-    state = ev.observe(poll(20.0, {"b": {0: 28}, "c": {0: 30}}, {0: 30}, partitions=1))
-    assert state.groups["b"] == OK
+
+    def step(at: float, b: int, c: int, end: int):
+        return ev.observe(poll(at, {"b": {0: b}, "c": {0: c}}, {0: end}, partitions=1))
+
+    # Window 1: b's lag dips to 2 at some point; c keeps up.
+    step(0.0, 10, 12, 12)
+    step(5.0, 20, 22, 22)
+    assert step(10.0, 25, 30, 30).groups == {"b": OK, "c": OK}
+    # Window 2: b's smallest lag is 8 > 2: it falls behind. c's dips to 0 again.
+    step(15.0, 30, 40, 40)
+    assert step(20.0, 40, 48, 48).groups == {"b": LAGGING, "c": OK}
+    # Window 3: b catches up (floor 0): OK again.
+    step(25.0, 60, 60, 60)
+    assert step(30.0, 70, 70, 70).groups["b"] == OK
 
 
 def test_rewind_follows_down_by_default_and_is_reported() -> None:

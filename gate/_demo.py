@@ -1,0 +1,263 @@
+"""``gate demo``: the whole story on one machine.
+
+A local broker and Redis (unless given), a ``payments`` topic with a steady producer, two
+dependency services (``service-b`` fast, ``service-c`` slower with periodic hiccups) that
+commit as they process, and the gate watching them for ``service-a``, with a live view of the
+watermarks and its HTTP API on ``http://127.0.0.1:8080``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from gate._config import parse_config
+from gate._local import LocalBroker, LocalRedis
+from gate._redis import watermarks_key
+from gate._serve import ListenError, ServedGate
+from gate._service import GateService
+from gate._status import GateState
+
+TOPIC = "payments"
+PARTITIONS = 3
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    bootstrap: str | None = None
+    redis_url: str | None = None
+    use_redis: bool = True
+    port: int = 8080
+    duration: float = 0.0
+    """Seconds to run; 0 runs until interrupted."""
+    rate: float = 50.0
+    """Records produced per second."""
+    live: bool = True
+
+
+class _Worker(threading.Thread):
+    def __init__(self, name: str, stop: threading.Event) -> None:
+        super().__init__(name=name, daemon=True)
+        self.stop_event = stop
+        self.error: str | None = None
+
+
+class PaymentsProducer(_Worker):
+    def __init__(self, bootstrap: str, rate: float, stop: threading.Event) -> None:
+        super().__init__("producer", stop)
+        self.bootstrap = bootstrap
+        self.rate = rate
+        self.produced = 0
+
+    def run(self) -> None:
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0})
+        interval = 1.0 / self.rate
+        next_at = time.monotonic()
+        while not self.stop_event.is_set():
+            i = self.produced
+            value = json.dumps({"payment": i, "amount": (i * 37) % 1000}).encode()
+            try:
+                producer.produce(TOPIC, key=f"account-{i % 97}".encode(), value=value)
+            except BufferError:
+                producer.poll(0.1)
+                continue
+            producer.poll(0)
+            self.produced += 1
+            next_at += interval
+            self.stop_event.wait(max(0.0, next_at - time.monotonic()))
+        producer.flush(5)
+
+
+class DependencyService(_Worker):
+    """A plain consumer that processes each record for a while and commits as it goes."""
+
+    def __init__(
+        self,
+        group: str,
+        bootstrap: str,
+        per_record: float,
+        stop: threading.Event,
+        hiccup_every: float = 0.0,
+        hiccup_for: float = 0.0,
+    ) -> None:
+        super().__init__(group, stop)
+        self.group = group
+        self.bootstrap = bootstrap
+        self.per_record = per_record
+        self.hiccup_every = hiccup_every
+        self.hiccup_for = hiccup_for
+        self.processed = 0
+        self.paused = False
+
+    def run(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        try:
+            committed = consumer.committed(
+                [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], 10
+            )
+            consumer.assign(committed)
+            started = last_commit = time.monotonic()
+            pending: dict[int, int] = {}
+            while not self.stop_event.is_set():
+                now = time.monotonic()
+                if self.hiccup_every:
+                    phase = (now - started) % self.hiccup_every
+                    self.paused = phase > self.hiccup_every - self.hiccup_for
+                if self.paused:
+                    self.stop_event.wait(0.05)
+                    continue
+                message = consumer.poll(0.05)
+                if message is not None and message.error() is None:
+                    time.sleep(self.per_record)  # the "work"
+                    pending[message.partition()] = message.offset() + 1
+                    self.processed += 1
+                if pending and now - last_commit >= 0.2:
+                    offsets = [TopicPartition(TOPIC, p, o) for p, o in pending.items()]
+                    consumer.commit(offsets=offsets, asynchronous=False)
+                    pending.clear()
+                    last_commit = now
+        except KafkaException as exc:
+            self.error = str(exc)
+        finally:
+            consumer.close()
+
+
+def _ensure_topic(bootstrap: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if TOPIC in admin.list_topics(timeout=10).topics:
+        return
+    for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
+        with contextlib.suppress(KafkaException):
+            future.result(10)
+
+
+@contextlib.contextmanager
+def _local_services(options: DemoOptions) -> Iterator[tuple[str, str | None]]:
+    with contextlib.ExitStack() as stack:
+        bootstrap = options.bootstrap
+        if not bootstrap:
+            bootstrap = stack.enter_context(LocalBroker()).bootstrap
+        redis_url = options.redis_url if options.use_redis else None
+        if options.use_redis and not redis_url:
+            redis_url = stack.enter_context(LocalRedis()).url
+        yield bootstrap, redis_url
+
+
+def _table(state: GateState | None, services: list[DependencyService]) -> Table:
+    table = Table(title=f"gate service-a on topic {TOPIC}", expand=False)
+    table.add_column("partition", justify="right")
+    table.add_column("end", justify="right")
+    for service in services:
+        table.add_column(service.group, justify="right")
+    table.add_column("watermark", justify="right", style="bold green")
+    table.add_column("held by")
+    if state is None:
+        table.add_row("…", *["" for _ in range(len(services) + 3)])
+        return table
+    for (_, partition), part in sorted(state.partitions.items()):
+        cells = [str(partition), _num(part.end_offset)]
+        for service in services:
+            position = part.groups.get(service.group)
+            status = position.status.value if position else "?"
+            committed = _num(position.committed if position else None)
+            cells.append(committed if status == "OK" else f"{committed} [yellow]{status}[/]")
+        cells += [_num(part.watermark), ", ".join(part.holding)]
+        table.add_row(*cells)
+    return table
+
+
+def _num(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def run_demo(options: DemoOptions, console: Console | None = None) -> int:
+    console = console or Console()
+    stop = threading.Event()
+    with _local_services(options) as (bootstrap, redis_url):
+        _ensure_topic(bootstrap)
+        data = {
+            "kafka": {"bootstrap.servers": bootstrap},
+            "poll_interval_ms": 200,
+            "status": {"stall_after_ms": 3000, "lag_window_ms": 2000},
+            "gates": {"service-a": {"topics": [TOPIC], "depends_on": ["service-b", "service-c"]}},
+        }
+        if redis_url:
+            data["redis"] = {"url": redis_url}
+        service = GateService(parse_config(data, source="demo", env={}))
+        try:
+            served = ServedGate(service, port=options.port)
+        except ListenError:
+            served = ServedGate(service, port=0)
+            console.print(f"[yellow]port {options.port} is busy; using another one[/]")
+        producer = PaymentsProducer(bootstrap, options.rate, stop)
+        services = [
+            DependencyService("service-b", bootstrap, 0.004, stop),
+            DependencyService("service-c", bootstrap, 0.012, stop, hiccup_every=15, hiccup_for=4),
+        ]
+        workers: list[_Worker] = [producer, *services]
+        with served:
+            for worker in workers:
+                worker.start()
+            header = Text.assemble(
+                ("broker ", "dim"),
+                bootstrap,
+                ("   redis ", "dim"),
+                redis_url or "off",
+                ("   API ", "dim"),
+                f"{served.url}/docs",
+                ("   watermarks ", "dim"),
+                f"{served.url}/watermarks/service-a",
+            )
+            if redis_url:
+                header.append(f"\nredis hash {watermarks_key('gate', 'service-a')}", "dim")
+            console.print(header)
+            started = time.monotonic()
+
+            def view() -> Group:
+                elapsed = time.monotonic() - started
+                footer = Text(
+                    f"{elapsed:5.1f}s  produced {producer.produced:,}  "
+                    + "  ".join(f"{s.group} processed {s.processed:,}" for s in services)
+                    + ("" if options.duration else "   (Ctrl-C to stop)"),
+                    style="dim",
+                )
+                return Group(_table(service.store.latest("service-a"), services), footer)
+
+            try:
+                with Live(
+                    view(), console=console, refresh_per_second=4, transient=not options.live
+                ) as live:
+                    while not options.duration or time.monotonic() - started < options.duration:
+                        time.sleep(0.25)
+                        if options.live:
+                            live.update(view())
+            except KeyboardInterrupt:
+                pass
+            finally:
+                stop.set()
+                for worker in workers:
+                    worker.join(10)
+            console.print(view())
+        failures = [f"{w.name}: {w.error}" for w in workers if w.error]
+        for failure in failures:
+            console.print(f"[red]{failure}[/]")
+        return 1 if failures else 0
