@@ -1,0 +1,130 @@
+"""What handlers receive, and the errors they may raise to steer retries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
+
+class RetriableError(Exception):
+    """Raise to have a record retried without an error-level log line."""
+
+
+class TerminalError(Exception):
+    """Raise when retrying cannot help: the record is dead-lettered (or skipped) at once."""
+
+
+class DecodeError(TerminalError):
+    """The record's key or value could not be deserialized."""
+
+
+_UNSET: Any = object()
+
+
+class Record:
+    """One Kafka record as a handler sees it.
+
+    ``key`` and ``value`` are deserialized (on first access) when deserializers are
+    configured; ``raw_key`` and ``raw_value`` keep the bytes; when a deserializer fails the
+    handler gets the bytes and ``decode_error`` says what failed. ``attempt`` counts from 1;
+    ``message`` is the underlying confluent-kafka ``Message``. Building a record costs next
+    to nothing: fields are read from the message when used.
+    """
+
+    __slots__ = ("_key", "_key_deserializer", "_value", "_value_deserializer", "attempt", "message")
+
+    def __init__(
+        self,
+        message: Message,
+        attempt: int = 1,
+        key_deserializer: Callable[[bytes], Any] | None = None,
+        value_deserializer: Callable[[bytes], Any] | None = None,
+    ) -> None:
+        self.message = message
+        self.attempt = attempt
+        self._key_deserializer = key_deserializer
+        self._value_deserializer = value_deserializer
+        self._key = _UNSET
+        self._value = _UNSET
+
+    @property
+    def topic(self) -> str:
+        return self.message.topic()  # type: ignore[no-any-return]
+
+    @property
+    def partition(self) -> int:
+        return self.message.partition()  # type: ignore[no-any-return]
+
+    @property
+    def offset(self) -> int:
+        return self.message.offset()  # type: ignore[no-any-return]
+
+    @property
+    def raw_key(self) -> bytes | None:
+        return self.message.key()  # type: ignore[no-any-return]
+
+    @property
+    def raw_value(self) -> bytes | None:
+        return self.message.value()  # type: ignore[no-any-return]
+
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return self.message.headers() or []
+
+    @property
+    def timestamp(self) -> float | None:
+        """Seconds since the epoch, or None when the record has no timestamp."""
+        kind, stamp = self.message.timestamp()
+        return None if kind == TIMESTAMP_NOT_AVAILABLE else stamp / 1000
+
+    @property
+    def key(self) -> Any:
+        """The deserialized key (the raw bytes when there is no deserializer, or when it
+        failed: see ``decode_error``)."""
+        if self._key_deserializer is None:
+            return self.message.key()
+        if self._key is _UNSET:
+            self._key = _decode(self.message.key(), self._key_deserializer)
+        return self.message.key() if isinstance(self._key, _Failed) else self._key
+
+    @property
+    def value(self) -> Any:
+        """The deserialized value (the raw bytes when there is no deserializer, or when it
+        failed: see ``decode_error``)."""
+        if self._value_deserializer is None:
+            return self.message.value()
+        if self._value is _UNSET:
+            self._value = _decode(self.message.value(), self._value_deserializer)
+        return self.message.value() if isinstance(self._value, _Failed) else self._value
+
+    @property
+    def decode_error(self) -> str | None:
+        """What could not be deserialized (``"value: ValueError: ..."``), or None."""
+        self.key, self.value  # noqa: B018 - decode both (cached)
+        problems = [
+            f"{name}: {decoded.reason}"
+            for name, decoded in (("key", self._key), ("value", self._value))
+            if isinstance(decoded, _Failed)
+        ]
+        return "; ".join(problems) or None
+
+    def __repr__(self) -> str:
+        return f"Record({self.topic}[{self.partition}]@{self.offset}, attempt={self.attempt})"
+
+
+class _Failed:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _decode(raw: bytes | None, deserializer: Callable[[bytes], Any] | None) -> Any:
+    if deserializer is None or raw is None:
+        return raw
+    try:
+        return deserializer(raw)
+    except Exception as exc:
+        return _Failed(f"{type(exc).__name__}: {exc}")

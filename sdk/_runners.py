@@ -1,0 +1,320 @@
+"""Where handlers run: a pool of threads (plain functions) or one asyncio loop (coroutines).
+
+A runner receives work items from the consumer's thread and returns, through the consumer's
+inbox, one result per record: ``None`` (success), the exception raised, or ``NOT_STARTED``
+for records of a shard whose earlier record in the same item failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import queue
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sdk._core import NOT_STARTED, Entry, Item
+from sdk._options import Options
+from sdk._record import DecodeError, Record, RetriableError
+
+log = logging.getLogger("sdk.handler")
+
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+)
+
+
+class Latency:
+    """Handler latency histogram kept per worker (no locks), merged when scraped."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float, records: int = 1) -> None:
+        """``records`` handled in ``seconds`` each (one observation per work item)."""
+        self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += records
+        self.total += seconds * records
+
+
+class Work:
+    """Turns entries into records, calls the handler and collects per-record results."""
+
+    def __init__(self, handler: Callable[..., Any], options: Options) -> None:
+        self.handler = handler
+        self.options = options
+        self.ordered = options.ordering != "unordered"
+        self.batch = options.batch_size is not None
+        self.deserializers = (options.key_deserializer, options.value_deserializer)
+        self.check_decoding = options.on_decode_error == "dead_letter" and any(self.deserializers)
+        hooks = options.hooks
+        self.plain = hooks.before_handle is None and hooks.after_handle is None
+
+    def record(self, entry: Entry) -> Record:
+        return Record(entry.payload, entry.attempts + 1, *self.deserializers)
+
+    def undecodable(self, record: Record) -> DecodeError | None:
+        if self.check_decoding:
+            problem = record.decode_error
+            if problem:
+                return DecodeError(problem)
+        return None
+
+    def failed(self, record: Record, error: BaseException) -> None:
+        if isinstance(error, RetriableError):
+            log.debug("%r failed, will retry: %s", record, error)
+        else:
+            log.warning("%r failed: %s: %s", record, type(error).__name__, error)
+        hook = self.options.hooks.on_failure
+        if hook is not None:
+            try:
+                hook(record, error)
+            except Exception:
+                log.exception("on_failure hook raised")
+
+    def hook(self, name: str, record: Record) -> None:
+        hook = getattr(self.options.hooks, name)
+        if hook is not None:
+            try:
+                hook(record)
+            except Exception:
+                log.exception("%s hook raised", name)
+
+    def run(self, entries: Sequence[Entry]) -> list[Any]:
+        """Run an item's records one after another; a failure stops the rest of its shard."""
+        if self.batch:
+            return self.run_batch(entries)
+        results: list[Any] = []
+        stopped: set[object] = set()
+        handler, plain, deserializers = self.handler, self.plain, self.deserializers
+        for entry in entries:
+            if stopped and entry.shard in stopped:
+                results.append(NOT_STARTED)
+                continue
+            record = Record(entry.payload, entry.attempts + 1, *deserializers)
+            error: BaseException | None = self.undecodable(record) if self.check_decoding else None
+            if error is None:
+                try:
+                    if plain:
+                        handler(record)
+                    else:
+                        self.hook("before_handle", record)
+                        handler(record)
+                        self.hook("after_handle", record)
+                except Exception as exc:
+                    error = exc
+            if error is None:
+                results.append(None)
+            else:
+                results.append(error)
+                self.failed(record, error)
+                if self.ordered:
+                    stopped.add(entry.shard)
+        return results
+
+    def prepare_batch(self, entries: Sequence[Entry]) -> tuple[list[Any], list[Record], list[int]]:
+        """Records of a batch that may run, and results already known (undecodable ones)."""
+        results: list[Any] = [None] * len(entries)
+        records, runnable = [], []
+        for i, entry in enumerate(entries):
+            record = self.record(entry)
+            bad = self.undecodable(record)
+            if bad is not None:
+                results[i] = bad
+                self.failed(record, bad)
+            else:
+                records.append(record)
+                runnable.append(i)
+        return results, records, runnable
+
+    def batch_failed(
+        self, results: list[Any], records: list[Record], runnable: list[int], error: BaseException
+    ) -> None:
+        for i, record in zip(runnable, records, strict=True):
+            results[i] = error
+            self.failed(record, error)
+
+    def run_batch(self, entries: Sequence[Entry]) -> list[Any]:
+        results, records, runnable = self.prepare_batch(entries)
+        if records:
+            try:
+                for record in records:
+                    self.hook("before_handle", record)
+                self.handler(records)
+                for record in records:
+                    self.hook("after_handle", record)
+            except Exception as exc:
+                self.batch_failed(results, records, runnable, exc)
+        return results
+
+
+class ThreadRunner:
+    """``max_concurrency`` threads taking items from one queue."""
+
+    def __init__(
+        self, work: Work, concurrency: int, inbox: queue.SimpleQueue[tuple[Any, ...]]
+    ) -> None:
+        self.work = work
+        self.inbox = inbox
+        self.items: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+        self.latencies: list[Latency] = []
+        self.threads = [
+            threading.Thread(target=self._worker, name=f"handler-{i}", daemon=True)
+            for i in range(concurrency)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _worker(self) -> None:
+        latency = Latency()
+        self.latencies.append(latency)
+        items, inbox, run = self.items, self.inbox, self.work.run
+        while True:
+            item = items.get()
+            if item is None:
+                return
+            started = time.perf_counter()
+            results = run(item.entries)
+            seconds = time.perf_counter() - started
+            latency.observe(seconds / len(results), 1 if self.work.batch else len(results))
+            inbox.put(("done", item.id, results, seconds))
+
+    def submit(self, item: Item) -> None:
+        self.items.put(item)
+
+    def close(self, wait: float = 0.0) -> None:
+        for _ in self.threads:
+            self.items.put(None)
+        deadline = time.monotonic() + wait
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class AsyncRunner:
+    """One asyncio loop in its own thread; each item runs as a task."""
+
+    def __init__(self, work: Work, inbox: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+        self.work = work
+        self.inbox = inbox
+        self.latency = Latency()
+        self.latencies = [self.latency]
+        self.loop = asyncio.new_event_loop()
+        self._pending: list[Item] = []
+        self._lock = threading.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="handler-loop", daemon=True
+        )
+        self.thread.start()
+
+    def submit(self, item: Item) -> None:
+        with self._lock:
+            self._pending.append(item)
+            first = len(self._pending) == 1
+        if first:  # one wake-up per burst of items, not per item
+            self.loop.call_soon_threadsafe(self._start_pending)
+
+    def _start_pending(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, []
+        for item in items:
+            task = self.loop.create_task(self._run(item))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, item: Item) -> None:
+        started = time.perf_counter()
+        if self.work.batch:
+            results = await self._run_batch(item.entries)
+        else:
+            results = await self._run_single(item.entries)
+        seconds = time.perf_counter() - started
+        self.latency.observe(seconds / len(results), 1 if self.work.batch else len(results))
+        self.inbox.put(("done", item.id, results, seconds))
+
+    async def _call(self, argument: Any) -> BaseException | None:
+        try:
+            outcome = self.work.handler(argument)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception as exc:
+            return exc
+        return None
+
+    async def _run_single(self, entries: Sequence[Entry]) -> list[Any]:
+        work = self.work
+        results: list[Any] = []
+        stopped: set[object] = set()
+        for entry in entries:
+            if stopped and entry.shard in stopped:
+                results.append(NOT_STARTED)
+                continue
+            record = work.record(entry)
+            error = work.undecodable(record)
+            if error is None:
+                work.hook("before_handle", record)
+                error = await self._call(record)
+                if error is None:
+                    work.hook("after_handle", record)
+            results.append(error)
+            if error is not None:
+                work.failed(record, error)
+                if work.ordered:
+                    stopped.add(entry.shard)
+        return results
+
+    async def _run_batch(self, entries: Sequence[Entry]) -> list[Any]:
+        work = self.work
+        results, records, runnable = work.prepare_batch(entries)
+        if records:
+            for record in records:
+                work.hook("before_handle", record)
+            error = await self._call(records)
+            if error is None:
+                for record in records:
+                    work.hook("after_handle", record)
+            else:
+                work.batch_failed(results, records, runnable, error)
+        return results
+
+    def close(self, wait: float = 0.0) -> None:
+        async def cancel() -> None:
+            for task in list(self._tasks):
+                task.cancel()
+
+        if self.loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(cancel(), self.loop)
+            with contextlib.suppress(Exception):
+                future.result(max(wait, 1.0))
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(max(wait, 1.0))
+
+
+Runner = ThreadRunner | AsyncRunner
+
+
+def is_coroutine_handler(handler: Callable[..., Any]) -> bool:
+    """A coroutine function, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = inspect.getattr_static(type(handler), "__call__", None)
+    return call is not None and inspect.iscoroutinefunction(call)

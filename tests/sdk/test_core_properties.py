@@ -1,0 +1,266 @@
+"""Property tests of the engine core over random interleavings (hypothesis state machine).
+
+Checked after every step:
+* no two records of one shard run at once (ordered modes), and a record starts only when
+  every earlier record of its shard is complete;
+* no record starts at or beyond its partition's release limit;
+* the committable offset never passes an incomplete record, and never goes backwards;
+* held counts equal what the model says is registered and incomplete;
+* once everything succeeds, every record completes (nothing is lost or stuck).
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from sdk._core import NOT_STARTED, Item, WorkCore
+from sdk._offsets import decode_offset_map
+from sdk._options import Ordering
+from sdk._record import TerminalError
+
+TOPIC = "t"
+
+
+class CoreMachine(RuleBasedStateMachine):
+    @initialize(
+        ordering=st.sampled_from(list(Ordering)),
+        null_keys=st.sampled_from(["ordered", "unordered"]),
+        max_attempts=st.sampled_from([None, 1, 3]),
+        on_exhausted=st.sampled_from(["dead_letter", "skip"]),
+    )
+    def setup(
+        self, ordering: Ordering, null_keys: str, max_attempts: int | None, on_exhausted: str
+    ) -> None:
+        self.ordering = ordering
+        self.null_keys = null_keys
+        self.core = WorkCore(
+            ordering,
+            null_keys=null_keys,
+            max_attempts=max_attempts,
+            retry_delay=lambda attempt, error: 0.5 * attempt,
+            on_exhausted=on_exhausted,
+            buffer_limit=40,
+            map_limit=200,
+        )
+        self.now = 0.0
+        self.records: dict[tuple[str, int], dict[int, bytes | None]] = {}  # registered
+        self.complete_offsets: dict[tuple[str, int], set[int]] = {}
+        self.next_offset: dict[tuple[str, int], int] = {}
+        self.last_commit: dict[tuple[str, int], int] = {}
+        self.items: dict[int, Item] = {}
+        self.dead_letters: list = []
+        for p in range(2):
+            self.assign((TOPIC, p), committed=None)
+
+    def assign(
+        self, tp: tuple[str, int], committed: int | None, completed: frozenset[int] = frozenset()
+    ) -> None:
+        self.core.assign(tp, committed, completed, now=self.now)
+        self.records[tp] = {}
+        self.complete_offsets[tp] = set(completed)
+        self.next_offset.setdefault(tp, 0)
+        if committed is not None:
+            self.next_offset[tp] = committed
+            self.last_commit[tp] = committed
+        else:
+            self.last_commit.pop(tp, None)
+
+    def shard_of(self, tp: tuple[str, int], offset: int) -> object:
+        if self.ordering is not Ordering.KEY:
+            return tp
+        key = self.records[tp][offset]
+        if key is None and self.null_keys == "unordered":
+            return (tp, None, offset)
+        return (tp, key)
+
+    # ---- rules --------------------------------------------------------------------------
+
+    @rule(
+        partition=st.integers(0, 1),
+        keys=st.lists(st.sampled_from([b"a", b"b", b"c", None]), min_size=1, max_size=6),
+        gap=st.integers(0, 2),
+    )
+    def fetch(self, partition: int, keys: list[bytes | None], gap: int) -> None:
+        tp = (TOPIC, partition)
+        if tp not in self.core.partitions:
+            return
+        offset = self.next_offset[tp] + gap  # offsets need not be contiguous
+        for key in keys:
+            self.records[tp][offset] = key
+            self.core.add(tp, offset, key, None, ("payload", offset), self.now)
+            offset += 1
+        self.next_offset[tp] = offset
+
+    @rule(slots=st.integers(1, 4), item_size=st.integers(1, 4), run_max=st.integers(1, 4))
+    def take(self, slots: int, item_size: int, run_max: int) -> None:
+        for item in self.core.take(self.now, slots, item_size, run_max):
+            self.items[item.id] = item
+            for entry in item.entries:
+                limit = self.core.partitions[entry.tp].limit
+                assert limit is None or entry.offset < limit, "started beyond the release limit"
+
+    @precondition(lambda self: self.items)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        item_id = data.draw(st.sampled_from(sorted(self.items)))
+        item = self.items.pop(item_id)
+        results = []
+        failed_shards: set[object] = set()
+        for entry in item.entries:
+            current = not entry.part.dead
+            shard = self.shard_of(entry.tp, entry.offset) if current else None
+            if current and shard in failed_shards and self.ordering is not Ordering.UNORDERED:
+                results.append(NOT_STARTED)  # the worker stops a shard's run after a failure
+                continue
+            if current and self.ordering is not Ordering.UNORDERED:
+                earlier = [
+                    o
+                    for o in self.records[entry.tp]
+                    if o < entry.offset
+                    and self.shard_of(entry.tp, o) == shard
+                    and o not in self.complete_offsets[entry.tp]
+                    and o not in self.given_up(entry.tp)
+                ]
+                assert not earlier, f"{entry} started before {earlier} of its shard completed"
+            outcome = data.draw(st.sampled_from(["ok", "ok", "retry", "terminal"]))
+            if outcome == "ok":
+                results.append(None)
+                if current:
+                    self.complete_offsets[entry.tp].add(entry.offset)
+            else:
+                results.append(
+                    TerminalError("no") if outcome == "terminal" else RuntimeError("again")
+                )
+                if shard is not None:
+                    failed_shards.add(shard)
+        for entry in self.core.complete(item_id, results, self.now):
+            self.dead_letters.append(entry)
+        self._record_skips()
+
+    def given_up(self, tp: tuple[str, int]) -> set[int]:
+        return {e.offset for e in self.dead_letters if e.tp == tp}
+
+    def _record_skips(self) -> None:
+        # Skipped records (exhausted with on_exhausted="skip") are complete in the core.
+        for tp, partition in self.core.partitions.items():
+            registered = set(self.records[tp])
+            incomplete = set(partition.pending) - partition.done
+            for offset in registered - incomplete:
+                self.complete_offsets[tp].add(offset)
+
+    @precondition(lambda self: self.dead_letters)
+    @rule()
+    def acknowledge_dead_letter(self) -> None:
+        entry = self.dead_letters.pop(0)
+        self.core.dead_lettered(entry, self.now)
+        if not entry.part.dead:
+            self.complete_offsets[entry.tp].add(entry.offset)
+
+    @rule(seconds=st.floats(0.1, 3.0))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+    @rule(partition=st.integers(0, 1), limit=st.one_of(st.none(), st.integers(0, 40)))
+    def gate(self, partition: int, limit: int | None) -> None:
+        self.core.set_limit((TOPIC, partition), limit)
+
+    @rule()
+    def commit(self) -> None:
+        for commit in self.core.commits():
+            registered = self.records[commit.tp]
+            incomplete = [
+                o
+                for o in registered
+                if o not in self.complete_offsets[commit.tp] and o not in self.given_up(commit.tp)
+            ]
+            assert all(commit.offset <= o for o in incomplete), (
+                f"commit {commit} passes {incomplete}"
+            )
+            previous = self.last_commit.get(commit.tp)
+            assert previous is None or commit.offset >= previous, "commit went backwards"
+            self.last_commit[commit.tp] = commit.offset
+            if commit.metadata:
+                base, completed = decode_offset_map(commit.metadata)
+                assert base == commit.offset
+                assert completed <= self.complete_offsets[commit.tp] | self.given_up(commit.tp)
+
+    @rule(partition=st.integers(0, 1))
+    def rebalance(self, partition: int) -> None:
+        """Revoke (committing what completed) and assign again, as after a restart."""
+        tp = (TOPIC, partition)
+        if tp not in self.core.partitions:
+            return
+        self.core.revoke([tp])
+        final = self.core.commits([tp])
+        committed = final[0].offset if final else self.last_commit.get(tp)
+        completed: frozenset[int] = frozenset()
+        metadata = final[0].metadata if final else self.core.partitions[tp].last_map
+        if metadata:
+            _, completed = decode_offset_map(metadata)
+        self.core.drop([tp])
+        self.dead_letters = [e for e in self.dead_letters if e.tp != tp]
+        self.assign(tp, committed, completed)
+
+    # ---- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def one_owner_per_shard(self) -> None:
+        if not hasattr(self, "core") or self.ordering is Ordering.UNORDERED:
+            return
+        owners: dict[object, int] = {}
+        for item in self.items.values():
+            for entry in item.entries:
+                if entry.part.dead:
+                    continue
+                shard = self.shard_of(entry.tp, entry.offset)
+                assert owners.setdefault(shard, item.id) == item.id, f"shard {shard} owned twice"
+        for item in self.items.values():
+            offsets_by_shard: dict[object, list[int]] = {}
+            for entry in item.entries:
+                if not entry.part.dead:
+                    offsets_by_shard.setdefault(self.shard_of(entry.tp, entry.offset), []).append(
+                        entry.offset
+                    )
+            for offsets in offsets_by_shard.values():
+                assert offsets == sorted(offsets), "a run is out of offset order"
+
+    @invariant()
+    def held_matches_the_model(self) -> None:
+        if not hasattr(self, "core"):
+            return
+        for tp, partition in self.core.partitions.items():
+            incomplete = {o for o in self.records[tp] if o not in self.complete_offsets[tp]}
+            assert partition.held == len(incomplete), (tp, partition.held, sorted(incomplete))
+
+    def teardown(self) -> None:
+        """Liveness: with the limits lifted and every handler succeeding, all completes."""
+        if not hasattr(self, "core"):
+            return
+        for tp in list(self.core.partitions):
+            self.core.set_limit(tp, None)
+        for entry in self.dead_letters:
+            self.core.dead_lettered(entry, self.now)
+        for item_id in list(self.items):
+            item = self.items.pop(item_id)
+            self.core.complete(item_id, [None] * len(item.entries), self.now)
+        for _ in range(500):
+            self.now += 100.0
+            items = self.core.take(self.now, 10, 4, 4)
+            if not items and not self.core.dead_letter_pending:
+                break
+            for item in items:
+                self.core.complete(item.id, [None] * len(item.entries), self.now)
+            for entry in list(self.core.dead_letter_pending):
+                self.core.dead_lettered(entry, self.now)
+        for tp, partition in self.core.partitions.items():
+            assert partition.held == 0, f"{tp} still holds {partition.held} records"
+            committed = partition.committable()
+            assert (
+                committed is None or not self.records[tp] or committed == max(self.records[tp]) + 1
+            )
+
+
+CoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestCore = CoreMachine.TestCase
