@@ -167,13 +167,19 @@ class Entry:
 
 
 class Item:
-    """Work handed to one worker: records run one after another (or as one batch)."""
+    """Work handed to one worker: records run one after another (or as one batch).
 
-    __slots__ = ("entries", "id")
+    ``finished`` is the one field another thread writes: the worker running the item sets it
+    to the number of its leading records that succeeded so far (it only grows, and stops at
+    the first failure). ``reported`` is how many of those the core has already applied."""
+
+    __slots__ = ("entries", "finished", "id", "reported")
 
     def __init__(self, item_id: int, entries: list[Entry]) -> None:
         self.id = item_id
         self.entries = entries
+        self.finished = 0
+        self.reported = 0
 
 
 class Commit(NamedTuple):
@@ -365,12 +371,22 @@ class WorkCore:
 
     # ---- scheduling ---------------------------------------------------------------------
 
-    def take(self, now: float, slots: int, item_size: int = 1, run_max: int = 1) -> list[Item]:
+    def take(
+        self,
+        now: float,
+        slots: int,
+        item_size: int = 1,
+        run_max: int = 1,
+        max_runs: int | None = None,
+    ) -> list[Item]:
         """Up to ``slots`` items of up to ``item_size`` records each, ready to start now.
 
         ``run_max`` is how many consecutive records of one shard an item may hold (they run
-        one after another on the same worker).
+        one after another on the same worker). The first shard's run may exceed
+        ``item_size`` (its records are sequential anyway); further shards join an item only
+        while it stays within ``item_size`` records and ``max_runs`` shards.
         """
+        runs_per_item = max_runs or item_size
         items: list[Item] = []
         if self.paused_all or slots <= 0:
             return items
@@ -379,6 +395,7 @@ class WorkCore:
         ready = self._ready
         retrying = self.retrying
         entries: list[Entry] = []
+        runs = 0
         while ready and len(items) < slots:
             shard = ready.popleft()
             shard.place = None
@@ -395,7 +412,7 @@ class WorkCore:
                 shard.place = "blocked"
                 part.blocked.append(shard)
                 continue
-            room = min(run_max, item_size - len(entries))
+            room = min(run_max, item_size - len(entries)) if entries else run_max
             while room and queue:
                 entry = queue[0]
                 if entry.not_before > now or (limit is not None and entry.offset >= limit):
@@ -410,9 +427,11 @@ class WorkCore:
                     ready.append(shard)
             else:
                 shard.busy = True
-            if len(entries) >= item_size:
+            runs += 1
+            if len(entries) >= item_size or runs >= runs_per_item:
                 items.append(self._item(entries))
                 entries = []
+                runs = 0
         if entries:
             items.append(self._item(entries))
         return items
@@ -446,51 +465,90 @@ class WorkCore:
             heapq.heappop(waiting)
         return waiting[0][0] if waiting else None
 
-    def has_ready(self) -> bool:
-        return bool(self._ready) and not self.paused_all
+    def has_ready(self, now: float) -> bool:
+        """Whether :meth:`take` would find work now (parked shards that are due included)."""
+        if self.paused_all:
+            return False
+        self._wake(now)
+        return bool(self._ready)
 
     # ---- results ------------------------------------------------------------------------
 
+    def collect_progress(self, now: float) -> None:
+        """Apply the records running items have already finished (their ``finished``
+        counts), so commits need not wait for a long item's end. The items keep their shards
+        until :meth:`complete`."""
+        for item in self.outstanding.values():
+            finished = item.finished
+            if finished <= item.reported:
+                continue
+            for entry in item.entries[item.reported : finished]:
+                part = entry.part
+                if not part.dead:
+                    part.counts.processed += 1
+                    self._mark_done(part, entry.offset, now)
+            item.reported = finished
+
     def complete(self, item_id: int, results: Sequence[Any], now: float) -> list[Entry]:
-        """Apply a worker's results (``None`` success, an exception, or NOT_STARTED per
-        record). Returns the records that must now go to the dead-letter topic."""
+        """Apply a worker's results, one per record of the item (``None`` success, an
+        exception, or NOT_STARTED); records already applied by :meth:`collect_progress` are
+        skipped. Returns the records that must now go to the dead-letter topic."""
         item = self.outstanding.pop(item_id, None)
         if item is None:
             return []
-        if not any(results):  # all succeeded: the common case, kept short and inlined
-            shards, free = self.shards, self._free_shards
-            recycle = not self.unordered
-            for entry in item.entries:
-                part = entry.part
-                if part.dead:
-                    continue
-                part.counts.processed += 1
-                # _mark_done, inlined
-                offset = entry.offset
-                pending = part.pending
-                if pending[0] == offset:
-                    pending.popleft()
-                    done = part.done
-                    while pending and pending[0] in done:
-                        done.remove(pending.popleft())
-                    part.head_since = now
-                else:
-                    part.done.add(offset)
-                # _release, inlined for the usual case: nothing else waits on the shard
-                shard = entry.shard
-                shard.busy = False
-                if shard.place is not None:
-                    continue
-                if shard.queue:
+        entries = item.entries
+        if item.reported:
+            entries = entries[item.reported :]
+            results = results[item.reported :]
+        if not any(results):
+            self._all_succeeded(entries, now)
+            to_dead_letter: list[Entry] = []
+        else:
+            to_dead_letter = self._apply_results(entries, results, now)
+        if item.reported:
+            # Shards of records reported earlier, and not released with the rest above.
+            released = {entry.shard for entry in entries}
+            for shard in dict.fromkeys(e.shard for e in item.entries[: item.reported]):
+                if shard not in released and not shard.part.dead:
                     self._release(shard, now)
-                elif shards.get(shard.key) is shard:
-                    del shards[shard.key]
-                    if recycle and len(free) < _FREE_SHARDS:
-                        free.append(shard)
-            return []
+        return to_dead_letter
+
+    def _all_succeeded(self, entries: Sequence[Entry], now: float) -> None:
+        """The common case, kept short with ``_mark_done`` and ``_release`` inlined."""
+        shards, free = self.shards, self._free_shards
+        recycle = not self.unordered
+        for entry in entries:
+            part = entry.part
+            if part.dead:
+                continue
+            part.counts.processed += 1
+            offset = entry.offset
+            pending = part.pending
+            if pending[0] == offset:
+                pending.popleft()
+                done = part.done
+                while pending and pending[0] in done:
+                    done.remove(pending.popleft())
+                part.head_since = now
+            else:
+                part.done.add(offset)
+            shard = entry.shard
+            shard.busy = False
+            if shard.place is not None:
+                continue
+            if shard.queue:
+                self._release(shard, now)
+            elif shards.get(shard.key) is shard:
+                del shards[shard.key]
+                if recycle and len(free) < _FREE_SHARDS:
+                    free.append(shard)
+
+    def _apply_results(
+        self, entries: Sequence[Entry], results: Sequence[Any], now: float
+    ) -> list[Entry]:
         to_dead_letter: list[Entry] = []
         returned: dict[Shard, list[Entry]] = {}
-        for entry, result in zip(item.entries, results, strict=True):
+        for entry, result in zip(entries, results, strict=True):
             part = entry.part
             if part.dead:
                 continue  # its partition was revoked meanwhile
@@ -675,14 +733,17 @@ class WorkCore:
         return sum(p.held for p in self.partitions.values())
 
     def in_flight(self) -> int:
-        return sum(len(item.entries) for item in self.outstanding.values())
+        return sum(len(item.entries) - item.reported for item in self.outstanding.values())
 
     def partition_view(self, tp: TP, now: float) -> dict[str, Any] | None:
         part = self.partitions.get(tp)
         if part is None:
             return None
         in_flight = sum(
-            1 for item in self.outstanding.values() for e in item.entries if e.part is part
+            1
+            for item in self.outstanding.values()
+            for e in item.entries[item.reported :]
+            if e.part is part
         )
         waiting_retry = sum(1 for e in self.retrying if e.part is part)
         blocking = part.pending[0] if part.pending else None

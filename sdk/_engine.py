@@ -65,8 +65,8 @@ _CONSUMER_ONLY = {
     "on_commit",
 }
 
-_ITEM_SECONDS = 0.002
-"""About how long one work item should run when handlers are slow."""
+_ITEM_SECONDS = 0.01
+"""About how long one work item may run when handlers are slow and there is a backlog."""
 
 DLT_HEADERS = (
     "dlt.original.topic",
@@ -381,24 +381,34 @@ class ParallelConsumer:
         if runner is None or self.paused_by_user:
             return
         options = self.options
-        slots = options.max_concurrency - len(self.core.outstanding)
-        if slots <= 0 or not self.core.has_ready():
+        slots = options.max_concurrency + runner.queued_items - len(self.core.outstanding)
+        if slots <= 0 or not self.core.has_ready(now):
             return
+        ordered = options.ordering != "unordered"
         if options.batch_size is not None:
-            size = options.batch_size
-            run_max = size if options.ordering == "unordered" else 1
+            # A batch holds one record per shard in the ordered modes (the handler may treat
+            # a batch's records in any order).
+            items = self.core.take(
+                now, slots, options.batch_size, 1 if ordered else options.batch_size
+            )
+        elif ordered:
+            # A shard's records run one after another anyway, so a worker may take a long run
+            # of them (no hand-off between them); other shards join only within ``size``.
+            size = self._item_size()
+            items = self.core.take(now, slots, size, options.max_item_records, max_runs=size)
         else:
-            size = run_max = self._item_size()
-        for item in self.core.take(now, slots, size, run_max):
+            size = self._item_size()
+            items = self.core.take(now, slots, size, size)
+        for item in items:
             runner.submit(item)
 
     def _item_size(self) -> int:
         """Records per work item.
 
-        Fast handlers (a full item runs in under 2 ms) get full items: one hand-off carries
+        Fast handlers (a full item runs in under 10 ms) get full items: one hand-off carries
         many records, and spreading them over threads would only trade the GIL back and
         forth. Slower handlers get guided self-scheduling: a quarter of the waiting records
-        spread over the workers, and no more than about 2 ms of work per item, so the last
+        spread over the workers, and no more than about 10 ms of work per item, so the last
         records are spread evenly too. Handler speed is the median per-record time of recent
         items: robust to the odd item that waited for the GIL.
         """
@@ -416,7 +426,9 @@ class ParallelConsumer:
         samples = self._item_samples
         samples.append(seconds / records)
         self._samples_new += 1
-        if self._record_seconds is None or self._samples_new >= 16:
+        # Trust the median only once a few items were timed (one lucky fast record must not
+        # make a slow handler look fast), then refresh it every 16 items.
+        if len(samples) >= 8 and (self._record_seconds is None or self._samples_new >= 16):
             self._record_seconds = statistics.median(samples)
             self._samples_new = 0
 
@@ -439,9 +451,8 @@ class ParallelConsumer:
     def _handle(self, message: tuple[Any, ...], now: float) -> None:
         kind = message[0]
         if kind == "done":
-            _, item_id, results, seconds = message
-            if results:
-                self._timed(seconds, len(results))
+            _, item_id, results, seconds, count = message
+            self._timed(seconds, count)
             for entry in self.core.complete(item_id, results, now):
                 self._dead_letter(entry)
         elif kind == "stop":
@@ -494,6 +505,7 @@ class ParallelConsumer:
         if consumer is None:
             return
         with_maps = self._map_store != "none"
+        self.core.collect_progress(time.time())
         commits = self.core.commits(tps, with_maps=with_maps)
         if not commits:
             return

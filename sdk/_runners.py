@@ -99,12 +99,16 @@ class Work:
             except Exception:
                 log.exception("%s hook raised", name)
 
-    def run(self, entries: Sequence[Entry]) -> list[Any]:
-        """Run an item's records one after another; a failure stops the rest of its shard."""
+    def run(self, item: Item) -> list[Any]:
+        """Run an item's records one after another; a failure stops the rest of its shard.
+        Until a record fails, ``item.finished`` counts the records done so far (the
+        consumer's thread reads it, so a long item's commits need not wait for its end)."""
+        entries = item.entries
         if self.batch:
             return self.run_batch(entries)
         results: list[Any] = []
         stopped: set[object] = set()
+        failed = False
         handler, plain, deserializers = self.handler, self.plain, self.deserializers
         for entry in entries:
             if stopped and entry.shard in stopped:
@@ -122,10 +126,12 @@ class Work:
                         self.hook("after_handle", record)
                 except Exception as exc:
                     error = exc
+            results.append(error)
             if error is None:
-                results.append(None)
+                if not failed:
+                    item.finished = len(results)
             else:
-                results.append(error)
+                failed = True
                 self.failed(record, error)
                 if self.ordered:
                     stopped.add(entry.shard)
@@ -134,6 +140,10 @@ class Work:
     def prepare_batch(self, entries: Sequence[Entry]) -> tuple[list[Any], list[Record], list[int]]:
         """Records of a batch that may run, and results already known (undecodable ones)."""
         results: list[Any] = [None] * len(entries)
+        if not self.check_decoding:
+            deserializers = self.deserializers
+            records = [Record(e.payload, e.attempts + 1, *deserializers) for e in entries]
+            return results, records, list(range(len(entries)))
         records, runnable = [], []
         for i, entry in enumerate(entries):
             record = self.record(entry)
@@ -157,22 +167,30 @@ class Work:
         results, records, runnable = self.prepare_batch(entries)
         if records:
             try:
-                for record in records:
-                    self.hook("before_handle", record)
-                self.handler(records)
-                for record in records:
-                    self.hook("after_handle", record)
+                if self.plain:
+                    self.handler(records)
+                else:
+                    for record in records:
+                        self.hook("before_handle", record)
+                    self.handler(records)
+                    for record in records:
+                        self.hook("after_handle", record)
             except Exception as exc:
                 self.batch_failed(results, records, runnable, exc)
         return results
 
 
 class ThreadRunner:
-    """``max_concurrency`` threads taking items from one queue."""
+    """``max_concurrency`` threads taking items from one queue.
+
+    A few items more than there are threads wait in the queue, so a thread that finishes
+    takes its next item at once instead of waiting for the consumer's thread to hand one
+    out (the threads still bound how many handlers run at once)."""
 
     def __init__(
         self, work: Work, concurrency: int, inbox: queue.SimpleQueue[tuple[Any, ...]]
     ) -> None:
+        self.queued_items = max(1, concurrency // 4)
         self.work = work
         self.inbox = inbox
         self.items: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
@@ -193,10 +211,11 @@ class ThreadRunner:
             if item is None:
                 return
             started = time.perf_counter()
-            results = run(item.entries)
+            results = run(item)
             seconds = time.perf_counter() - started
-            latency.observe(seconds / len(results), 1 if self.work.batch else len(results))
-            inbox.put(("done", item.id, results, seconds))
+            count = len(item.entries)
+            latency.observe(seconds / count, 1 if self.work.batch else count)
+            inbox.put(("done", item.id, results, seconds, count))
 
     def submit(self, item: Item) -> None:
         self.items.put(item)
@@ -210,7 +229,10 @@ class ThreadRunner:
 
 
 class AsyncRunner:
-    """One asyncio loop in its own thread; each item runs as a task."""
+    """One asyncio loop in its own thread; each item runs as a task (so the number of items
+    handed out is the concurrency: none wait beyond it)."""
+
+    queued_items = 0
 
     def __init__(self, work: Work, inbox: queue.SimpleQueue[tuple[Any, ...]]) -> None:
         self.work = work
@@ -246,10 +268,11 @@ class AsyncRunner:
         if self.work.batch:
             results = await self._run_batch(item.entries)
         else:
-            results = await self._run_single(item.entries)
+            results = await self._run_single(item)
         seconds = time.perf_counter() - started
-        self.latency.observe(seconds / len(results), 1 if self.work.batch else len(results))
-        self.inbox.put(("done", item.id, results, seconds))
+        count = len(item.entries)
+        self.latency.observe(seconds / count, 1 if self.work.batch else count)
+        self.inbox.put(("done", item.id, results, seconds, count))
 
     async def _call(self, argument: Any) -> BaseException | None:
         try:
@@ -260,11 +283,12 @@ class AsyncRunner:
             return exc
         return None
 
-    async def _run_single(self, entries: Sequence[Entry]) -> list[Any]:
+    async def _run_single(self, item: Item) -> list[Any]:
         work = self.work
         results: list[Any] = []
         stopped: set[object] = set()
-        for entry in entries:
+        failed = False
+        for entry in item.entries:
             if stopped and entry.shard in stopped:
                 results.append(NOT_STARTED)
                 continue
@@ -276,7 +300,11 @@ class AsyncRunner:
                 if error is None:
                     work.hook("after_handle", record)
             results.append(error)
-            if error is not None:
+            if error is None:
+                if not failed:
+                    item.finished = len(results)
+            else:
+                failed = True
                 work.failed(record, error)
                 if work.ordered:
                     stopped.add(entry.shard)

@@ -95,35 +95,75 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule(slots=st.integers(1, 4), item_size=st.integers(1, 4), run_max=st.integers(1, 4))
     def take(self, slots: int, item_size: int, run_max: int) -> None:
+        # The shell only takes work when the core says some is ready: that must be true
+        # whenever take() would find something (parked retries that are due included).
+        if not self.core.has_ready(self.now):
+            assert self.core.take(self.now, slots, item_size, run_max) == []
+            return
         for item in self.core.take(self.now, slots, item_size, run_max):
             self.items[item.id] = item
             for entry in item.entries:
                 limit = self.core.partitions[entry.tp].limit
                 assert limit is None or entry.offset < limit, "started beyond the release limit"
 
+    def check_may_start(self, entry, finished_before: frozenset[int] = frozenset()) -> None:
+        """``finished_before``: offsets that ran earlier in the same item."""
+        if entry.part.dead or self.ordering is Ordering.UNORDERED:
+            return
+        shard = self.shard_of(entry.tp, entry.offset)
+        earlier = [
+            o
+            for o in self.records[entry.tp]
+            if o < entry.offset
+            and self.shard_of(entry.tp, o) == shard
+            and o not in self.complete_offsets[entry.tp]
+            and o not in self.given_up(entry.tp)
+            and o not in finished_before
+        ]
+        assert not earlier, f"{entry} started before {earlier} of its shard completed"
+
+    @precondition(lambda self: self.items)
+    @rule(data=st.data())
+    def report_progress(self, data: st.DataObject) -> None:
+        """A worker finishes the next records of a long item; the core may collect them."""
+        item_id = data.draw(st.sampled_from(sorted(self.items)))
+        item = self.items[item_id]
+        remaining = len(item.entries) - item.finished
+        if remaining < 2:
+            return
+        count = data.draw(st.integers(1, remaining - 1))
+        for i in range(item.finished, item.finished + count):
+            ran = frozenset(e.offset for e in item.entries[:i])
+            self.check_may_start(item.entries[i], ran)
+        item.finished += count
+        if data.draw(st.booleans()):
+            self.collect()
+
+    def collect(self) -> None:
+        """What the engine does before every commit: apply finished records of running items."""
+        self.core.collect_progress(self.now)
+        for item in self.items.values():
+            for entry in item.entries[: item.reported]:
+                if not entry.part.dead:
+                    self.complete_offsets[entry.tp].add(entry.offset)
+
     @precondition(lambda self: self.items)
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         item_id = data.draw(st.sampled_from(sorted(self.items)))
         item = self.items.pop(item_id)
-        results = []
+        results: list = [None] * item.finished  # succeeded earlier (see report_progress)
+        for entry in item.entries[: item.finished]:
+            if not entry.part.dead:
+                self.complete_offsets[entry.tp].add(entry.offset)
         failed_shards: set[object] = set()
-        for entry in item.entries:
+        for entry in item.entries[item.finished :]:
             current = not entry.part.dead
             shard = self.shard_of(entry.tp, entry.offset) if current else None
             if current and shard in failed_shards and self.ordering is not Ordering.UNORDERED:
                 results.append(NOT_STARTED)  # the worker stops a shard's run after a failure
                 continue
-            if current and self.ordering is not Ordering.UNORDERED:
-                earlier = [
-                    o
-                    for o in self.records[entry.tp]
-                    if o < entry.offset
-                    and self.shard_of(entry.tp, o) == shard
-                    and o not in self.complete_offsets[entry.tp]
-                    and o not in self.given_up(entry.tp)
-                ]
-                assert not earlier, f"{entry} started before {earlier} of its shard completed"
+            self.check_may_start(entry)
             outcome = data.draw(st.sampled_from(["ok", "ok", "retry", "terminal"]))
             if outcome == "ok":
                 results.append(None)
@@ -168,6 +208,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule()
     def commit(self) -> None:
+        self.collect()
         for commit in self.core.commits():
             registered = self.records[commit.tp]
             incomplete = [
@@ -193,6 +234,7 @@ class CoreMachine(RuleBasedStateMachine):
         if tp not in self.core.partitions:
             return
         self.core.revoke([tp])
+        self.collect()
         final = self.core.commits([tp])
         committed = final[0].offset if final else self.last_commit.get(tp)
         completed: frozenset[int] = frozenset()

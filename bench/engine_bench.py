@@ -1,0 +1,504 @@
+"""Parallel consumer engine benchmarks.
+
+1. The Parallel Consumer README's comparison: 10,000 records on one partition, processing
+   time uniform in 0-5 ms, max concurrency 100; PARTITION, KEY over 1 .. 10,000 keys,
+   UNORDERED. Each duration is printed next to its ideal lower bound (from the measured sleep
+   times: the longest shard's total, or total work / concurrency, whichever is larger) and
+   next to the Java library's published figure. Target: every row within 1.10x of its bound.
+2. No-op handler throughput over 1,000,000 records on 12 partitions next to a plain
+   confluent-kafka consume loop in the same run (ratio). Targets: KEY single-record >= 0.35,
+   batch >= 0.60.
+3. Simulated I/O with coroutine handlers: asyncio.sleep of 1, 10 and 100 ms per record,
+   25,000 records, KEY ordering over 10,000 keys, concurrency 1,000 and 5,000.
+4. Peak memory with a backlog of 1,000,000 records and a handler that blocks.
+
+Run: ``python -m bench.engine_bench [--quick] [--only pc|throughput|async|memory]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from rich.progress import track
+
+from bench._report import console, table, write
+from gate._local import LocalBroker
+from sdk import Options, Ordering, ParallelConsumer
+
+# The Java library's README, same workload (10,000 records, 0-5 ms, concurrency 100).
+JAVA_FIGURES = {
+    ("partition", None): 22.221,
+    ("key", 1): 26.743,
+    ("key", 2): 13.576,
+    ("key", 5): 5.916,
+    ("key", 10): 3.310,
+    ("key", 20): 2.242,
+    ("key", 50): 2.204,
+    ("key", 100): 2.178,
+    ("key", 1000): 2.056,
+    ("key", 10000): 2.128,
+    ("unordered", None): 2.829,
+}
+# Other engines' published figures for the simulated I/O workload (their machines).
+ASYNC_FIGURES = {
+    0.001: {"java parallel consumer": 63_986, "kpipe": 52_949},
+    0.010: {"java parallel consumer": 8_700, "kpipe": 34_465},
+    0.100: {"java parallel consumer": 968, "kpipe": 5_228},
+}
+CONSUMER = {"session.timeout.ms": 6000, "auto.offset.reset": "earliest"}
+
+
+def create_topic(admin: AdminClient, name: str, partitions: int) -> None:
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(30)
+
+
+def produce(
+    bootstrap: str, topic: str, count: int, key: Callable[[int], bytes | None], partitions: int = 1
+) -> None:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 2_000_000,
+        }
+    )
+    value = b"x" * 100
+    for i in range(count):
+        producer.produce(topic, key=key(i), value=value, partition=i % partitions)
+        if i % 50_000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+
+
+def run_engine(
+    bootstrap: str, topic: str, handler: Any, options: Options, expected: int, timeout: float = 600
+) -> None:
+    """Run the engine until ``handler.count`` reaches ``expected``."""
+    consumer = ParallelConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{topic}-{random.random()}",
+            **CONSUMER,
+        },
+        [topic],
+        handler,
+        options,
+        registry=None,
+    )
+    consumer.start()
+    try:
+        if not _wait(lambda: handler.count >= expected, timeout):
+            raise SystemExit(f"{topic}: only {handler.count} of {expected} records processed")
+    finally:
+        consumer.stop(timeout=10)
+
+
+def _wait(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+# ---- 1. the Parallel Consumer comparison ---------------------------------------------------
+
+
+class SleepHandler:
+    """Sleeps a fixed pseudo-random 0-5 ms per offset; records what it really slept."""
+
+    def __init__(self, keys: int | None) -> None:
+        self.keys = keys
+        self.count = 0
+        self.first: float | None = None
+        self.last = 0.0
+        self.slept: dict[int, float] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, record: Any) -> None:
+        offset = record.offset
+        started = time.perf_counter()
+        if self.first is None:
+            self.first = started
+        time.sleep(random.Random(offset).uniform(0, 0.005))
+        ended = time.perf_counter()
+        with self.lock:
+            self.slept[offset] = ended - started
+            self.count += 1
+            self.last = max(self.last, ended)
+
+
+def ideal_bound(
+    slept: dict[int, float], keys: int | None, ordering: str, concurrency: int
+) -> float:
+    total = sum(slept.values())
+    if ordering == "partition":
+        longest = total
+    elif ordering == "key":
+        per_key: dict[int, float] = {}
+        for offset, seconds in slept.items():
+            per_key[offset % keys] = per_key.get(offset % keys, 0.0) + seconds  # type: ignore[operator]
+        longest = max(per_key.values())
+    else:
+        longest = max(slept.values())
+    return max(longest, total / concurrency)
+
+
+def pc_table(bootstrap: str, admin: AdminClient, records: int) -> list[dict[str, Any]]:
+    cases: list[tuple[str, int | None]] = [("partition", None)]
+    cases += [("key", k) for k in (1, 2, 5, 10, 20, 50, 100, 1000, 10000)]
+    cases.append(("unordered", None))
+    rows = []
+    for ordering, keys in track(cases, description="comparison table", console=console):
+        topic = f"pc-{ordering}-{keys}-{random.randrange(10**9)}"
+        create_topic(admin, topic, 1)
+        key_count = keys or 20
+        produce(bootstrap, topic, records, lambda i, k=key_count: f"k{i % k}".encode())
+        handler = SleepHandler(keys)
+        options = Options(
+            ordering=Ordering(ordering), max_concurrency=100, max_buffered=max(1000, records)
+        )
+        run_engine(bootstrap, topic, handler, options, records)
+        duration = handler.last - (handler.first or handler.last)
+        bound = ideal_bound(handler.slept, keys, ordering, 100)
+        rows.append(
+            {
+                "ordering": ordering,
+                "keys": keys,
+                "seconds": round(duration, 3),
+                "ideal_seconds": round(bound, 3),
+                "ratio_to_ideal": round(duration / bound, 3),
+                "java_seconds": JAVA_FIGURES[(ordering, keys)],
+            }
+        )
+    table(
+        f"Parallel Consumer comparison: {records:,} records, 0-5 ms each, concurrency 100",
+        ["ordering", "keys", "seconds", "ideal s", "x ideal", "Java s"],
+        [
+            [
+                r["ordering"],
+                r["keys"] or "-",
+                r["seconds"],
+                r["ideal_seconds"],
+                r["ratio_to_ideal"],
+                r["java_seconds"],
+            ]
+            for r in rows
+        ],
+    )
+    return rows
+
+
+# ---- 2. throughput ------------------------------------------------------------------------
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, record: Any) -> None:
+        self.count += 1
+
+
+class BatchCounter(Counter):
+    def __call__(self, records: list[Any]) -> None:  # type: ignore[override]
+        self.count += len(records)
+
+
+def plain_loop(bootstrap: str, topic: str, expected: int, at_least_once: bool) -> float:
+    """A plain confluent-kafka loop calling a no-op handler; librdkafka commits in the
+    background. By default librdkafka stores each offset as the record is handed out (a crash
+    loses records handed out but not processed); ``at_least_once`` stores it after the handler
+    returned, which is the engine's guarantee."""
+    config = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"plain-{random.random()}",
+        "fetch.queue.backoff.ms": 20,
+        "enable.auto.offset.store": not at_least_once,
+        **CONSUMER,
+    }
+    consumer = Consumer(config)
+    consumer.subscribe([topic])
+    handler = Counter()
+    started = None
+    store = consumer.store_offsets
+    while handler.count < expected:
+        for message in consumer.consume(1000, 1.0):
+            if message.error() is None:
+                if started is None:
+                    started = time.perf_counter()
+                handler(message)
+                if at_least_once:
+                    store(message)
+    elapsed = time.perf_counter() - (started or time.perf_counter())
+    consumer.close()
+    return expected / elapsed
+
+
+class FirstTimed:
+    """Wraps a counting handler and notes when the first record arrived."""
+
+    def __init__(self, inner: Counter) -> None:
+        self.inner = inner
+        self.first = 0.0
+
+    @property
+    def count(self) -> int:
+        return self.inner.count
+
+    def __call__(self, argument: Any) -> None:
+        if not self.first:
+            self.first = time.perf_counter()
+        self.inner(argument)
+
+
+def engine_rate(
+    bootstrap: str, topic: str, expected: int, ordering: Ordering, batch: int | None
+) -> float:
+    handler = FirstTimed(BatchCounter() if batch else Counter())
+    options = Options(ordering=ordering, max_concurrency=16, batch_size=batch, max_buffered=20_000)
+    run_engine(bootstrap, topic, handler, options, expected)
+    return expected / (time.perf_counter() - handler.first)
+
+
+def throughput(bootstrap: str, admin: AdminClient, records: int, rounds: int) -> dict[str, Any]:
+    topic = f"throughput-{random.randrange(10**9)}"
+    create_topic(admin, topic, 12)
+    keys = [f"key-{i}".encode() for i in range(100_000)]
+    rng = random.Random(1)
+    produce(bootstrap, topic, records, lambda i: keys[rng.randrange(len(keys))], partitions=12)
+    plains = {
+        "plain loop (offsets stored when handed out)": False,
+        "plain loop (offsets stored after processing)": True,
+    }
+    engines = {
+        "KEY, single record": (Ordering.KEY, None),
+        "KEY, batch of 500": (Ordering.KEY, 500),
+        "UNORDERED, single record": (Ordering.UNORDERED, None),
+        "UNORDERED, batch of 500": (Ordering.UNORDERED, 500),
+    }
+    results: dict[str, list[float]] = {name: [] for name in [*plains, *engines]}
+    for _ in track(range(rounds), description="throughput rounds", console=console):
+        for name, at_least_once in plains.items():  # interleaved: drift hits every variant
+            results[name].append(plain_loop(bootstrap, topic, records, at_least_once))
+        for name, variant in engines.items():
+            results[name].append(engine_rate(bootstrap, topic, records, *variant))
+    best = {name: max(rates) for name, rates in results.items()}
+    fast, same = (best[name] for name in plains)
+    table(
+        f"No-op throughput: {records:,} records, 12 partitions, 100k keys, best of {rounds}",
+        ["consumer", "records/s", "x plain (stored when handed out)", "x plain (stored after)"],
+        [
+            [name, round(rate), round(rate / fast, 3), round(rate / same, 3)]
+            for name, rate in best.items()
+        ],
+    )
+    ratios = {
+        name: {
+            "vs_plain_stored_when_handed_out": round(rate / fast, 3),
+            "vs_plain_stored_after_processing": round(rate / same, 3),
+        }
+        for name, rate in best.items()
+    }
+    return {"records_per_second": best, "ratios": ratios, "runs": results}
+
+
+# ---- 3. simulated I/O with coroutines ----------------------------------------------------
+
+
+class SleepyCoroutine:
+    """A coroutine handler simulating I/O; tracks the first start and last end."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.count = 0
+        self.first = 0.0
+        self.last = 0.0
+
+    async def __call__(self, record: Any) -> None:
+        if not self.first:
+            self.first = time.perf_counter()
+        await asyncio.sleep(self.delay)
+        self.count += 1
+        self.last = time.perf_counter()
+
+
+def async_io(bootstrap: str, admin: AdminClient, records: int) -> list[dict[str, Any]]:
+    rows = []
+    cases = [
+        (delay, concurrency) for delay in (0.001, 0.010, 0.100) for concurrency in (1000, 5000)
+    ]
+    for delay, concurrency in track(cases, description="simulated I/O", console=console):
+        topic = f"async-{random.randrange(10**9)}"
+        create_topic(admin, topic, 1)
+        produce(bootstrap, topic, records, lambda i: f"k{i % 10_000}".encode())
+        handler = SleepyCoroutine(delay)
+        options = Options(ordering=Ordering.KEY, max_concurrency=concurrency, max_buffered=records)
+        run_engine(bootstrap, topic, handler, options, records)
+        rate = records / (handler.last - handler.first)
+        row: dict[str, Any] = {
+            "sleep_ms": delay * 1000,
+            "concurrency": concurrency,
+            "records_per_second": round(rate),
+        }
+        row.update({f"{name} (published)": figure for name, figure in ASYNC_FIGURES[delay].items()})
+        rows.append(row)
+    table(
+        f"Simulated I/O: {records:,} records, KEY over 10,000 keys, coroutine handlers",
+        ["sleep ms", "concurrency", "records/s", "Java PC (published)", "kpipe (published)"],
+        [
+            [
+                r["sleep_ms"],
+                r["concurrency"],
+                r["records_per_second"],
+                r["java parallel consumer (published)"],
+                r["kpipe (published)"],
+            ]
+            for r in rows
+        ],
+    )
+    return rows
+
+
+# ---- 4. memory ----------------------------------------------------------------------------
+
+
+def memory_probe(bootstrap: str, topic: str, max_buffered: int, seconds: float) -> dict[str, Any]:
+    """Runs in a child process: RSS before, and at most while a blocked handler holds work."""
+
+    def rss() -> int:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    release = threading.Event()
+
+    def handler(record: Any) -> None:
+        release.wait()
+
+    before = rss()
+    options = Options(ordering=Ordering.KEY, max_concurrency=16, max_buffered=max_buffered)
+    consumer = ParallelConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"mem-{random.random()}", **CONSUMER},
+        [topic],
+        handler,
+        options,
+        registry=None,
+    )
+    consumer.start()
+    peak, held = before, 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        peak = max(peak, rss())
+        held = max(held, consumer.stats().get("held", 0))
+        time.sleep(0.05)
+    release.set()
+    consumer.stop(drain=False, timeout=5)
+    return {
+        "max_buffered": max_buffered,
+        "rss_before_mb": round(before / 2**20, 1),
+        "rss_peak_mb": round(peak / 2**20, 1),
+        "growth_mb": round((peak - before) / 2**20, 1),
+        "max_held_records": held,
+    }
+
+
+def memory(
+    bootstrap: str, admin: AdminClient, records: int, seconds: float
+) -> list[dict[str, Any]]:
+    topic = f"backlog-{random.randrange(10**9)}"
+    create_topic(admin, topic, 12)
+    produce(bootstrap, topic, records, lambda i: f"k{i % 100_000}".encode(), partitions=12)
+    rows = []
+    for max_buffered in track((1_000, 10_000, 100_000), description="memory", console=console):
+        code = f"import json; from bench.engine_bench import memory_probe; print(json.dumps(memory_probe({bootstrap!r}, {topic!r}, {max_buffered}, {seconds})))"
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=seconds + 120,
+        )
+        import json
+
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    table(
+        f"Memory with a backlog of {records:,} records and a blocked handler ({seconds:.0f}s)",
+        ["max_buffered", "RSS before MB", "RSS peak MB", "growth MB", "records held (max)"],
+        [
+            [
+                r["max_buffered"],
+                r["rss_before_mb"],
+                r["rss_peak_mb"],
+                r["growth_mb"],
+                r["max_held_records"],
+            ]
+            for r in rows
+        ],
+    )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller and shorter runs")
+    parser.add_argument("--only", choices=["pc", "throughput", "async", "memory"])
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    verdict = []
+    with LocalBroker() as broker:
+        bootstrap = broker.bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        if args.only in (None, "pc"):
+            rows = results["comparison"] = pc_table(bootstrap, admin, 10_000)
+            worst = max(r["ratio_to_ideal"] for r in rows)
+            verdict.append(
+                (f"every comparison row within 1.10x of ideal (worst {worst})", worst <= 1.10)
+            )
+        if args.only in (None, "throughput"):
+            tp = results["throughput"] = throughput(
+                bootstrap, admin, 300_000 if args.quick else 1_000_000, 1 if args.quick else 2
+            )
+            for baseline in ("vs_plain_stored_when_handed_out", "vs_plain_stored_after_processing"):
+                single = tp["ratios"]["KEY, single record"][baseline]
+                batch = tp["ratios"]["KEY, batch of 500"][baseline]
+                verdict.append((f"KEY single >= 0.35 ({baseline}: {single})", single >= 0.35))
+                verdict.append((f"KEY batch >= 0.60 ({baseline}: {batch})", batch >= 0.60))
+        if args.only in (None, "async"):
+            rows = results["async"] = async_io(bootstrap, admin, 25_000)
+            for delay in (0.010, 0.100):
+                best = max(r["records_per_second"] for r in rows if r["sleep_ms"] == delay * 1000)
+                others = max(ASYNC_FIGURES[delay].values())
+                verdict.append(
+                    (f"{delay * 1000:.0f} ms: above both published figures", best > others)
+                )
+        if args.only in (None, "memory"):
+            results["memory"] = memory(
+                bootstrap, admin, 300_000 if args.quick else 1_000_000, 5 if args.quick else 10
+            )
+    write("engine" if not args.only else f"engine-{args.only}", results)
+    if verdict:
+        table("Targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in verdict])
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()

@@ -1,0 +1,529 @@
+"""The parallel consumer on a real broker: ordering, failures, back-pressure, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gate._local import LocalRedis
+from sdk import (
+    Hooks,
+    Options,
+    OptionsError,
+    Ordering,
+    ParallelConsumer,
+    Record,
+    RetriableError,
+    TerminalError,
+)
+from tests.sdk.engine_support import CONSUMER, Recorder, read_all, start_engine
+from tests.support import Kafka, unique, wait_until
+
+
+def keyed(partition: int, i: int) -> bytes:
+    return f"k{i % 5}".encode()
+
+
+# ---- options ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"ordering": "sideways"}, "ordering"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"process_delay": -1}, "process_delay"),
+        ({"commit_interval": 0}, "commit_interval"),
+        ({"max_attempts": 3}, "dead_letter_topic"),
+        ({"on_decode_error": "dead_letter"}, "dead_letter_topic"),
+        ({"offset_map_store": "redis"}, "offset_map_redis_url"),
+        ({"null_keys": "maybe"}, "null_keys"),
+        ({"retry_delay": 5}, "retry_delay"),
+    ],
+)
+def test_invalid_options_name_the_option(options: dict, fragment: str) -> None:
+    with pytest.raises(OptionsError, match=fragment):
+        Options(**options)
+
+
+def test_invalid_consumer_arguments() -> None:
+    with pytest.raises(OptionsError, match=r"group\.id"):
+        ParallelConsumer({"bootstrap.servers": "x"}, ["t"], print)
+    with pytest.raises(OptionsError, match=r"enable\.auto\.commit"):
+        ParallelConsumer({"group.id": "g", "enable.auto.commit": True}, ["t"], print)
+    with pytest.raises(OptionsError, match="topics"):
+        ParallelConsumer({"group.id": "g"}, "t", print)  # type: ignore[arg-type]
+    with pytest.raises(OptionsError, match="handler"):
+        ParallelConsumer({"group.id": "g"}, ["t"], None)  # type: ignore[arg-type]
+
+
+# ---- ordering ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ordering", list(Ordering))
+def test_ordering_modes(kafka: Kafka, ordering: Ordering) -> None:
+    topic = kafka.create_topic(3)
+    kafka.produce(topic, {0: 60, 1: 60, 2: 60}, key=keyed)
+    shard_of = {
+        Ordering.PARTITION: lambda r: r.partition,
+        Ordering.KEY: lambda r: (r.partition, r.raw_key),
+        Ordering.UNORDERED: None,
+    }[ordering]
+    recorder = Recorder(sleep=lambda r: 0.002 * (r.offset % 3), shard_of=shard_of)
+    engine = start_engine(
+        kafka.bootstrap, topic, recorder, Options(ordering=ordering, max_concurrency=8)
+    )
+    try:
+        wait_until(lambda: len(recorder.done()) == 180, timeout=60, what="all records")
+    finally:
+        engine.stop()
+    assert recorder.overlaps == []
+    if ordering is not Ordering.UNORDERED:
+        for partition in range(3):
+            calls = [c for c in recorder.calls if c.partition == partition]
+            by_shard: dict[object, list[int]] = {}
+            for call in calls:
+                shard = partition if ordering is Ordering.PARTITION else call.key
+                by_shard.setdefault(shard, []).append(call.offset)
+            for offsets in by_shard.values():
+                assert offsets == sorted(offsets), "a shard started out of offset order"
+    if ordering is Ordering.UNORDERED:
+        peak = max_overlap(recorder)
+        assert peak > 1, "unordered records never ran at the same time"
+    assert kafka.committed(engine.group, topic, 3) == {0: 60, 1: 60, 2: 60}
+
+
+def max_overlap(recorder: Recorder) -> int:
+    events = sorted([(c.start, 1) for c in recorder.calls] + [(c.end, -1) for c in recorder.calls])
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def test_null_keys_ordered_together_or_not(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 40}, key=lambda p, i: None)
+    for policy, expect_overlap in (("ordered", False), ("unordered", True)):
+        recorder = Recorder(sleep=lambda r: 0.005)
+        options = Options(ordering=Ordering.KEY, max_concurrency=8, null_keys=policy)
+        engine = start_engine(kafka.bootstrap, topic, recorder, options)
+        try:
+            wait_until(lambda r=recorder: len(r.done()) == 40, timeout=60, what=policy)
+        finally:
+            engine.stop()
+        assert (max_overlap(recorder) > 1) is expect_overlap, policy
+
+
+# ---- failures ---------------------------------------------------------------------------
+
+
+def test_poison_record_reaches_the_dead_letter_topic_while_other_keys_flow(kafka: Kafka) -> None:
+    topic, dlt = kafka.create_topic(1), kafka.create_topic(1)
+    kafka.produce(topic, {0: 30}, key=lambda p, i: b"poison" if i == 3 else f"k{i}".encode())
+    recorder = Recorder(
+        fail=lambda r: ValueError("cannot process") if r.raw_key == b"poison" else None
+    )
+    options = Options(
+        ordering=Ordering.KEY,
+        max_concurrency=4,
+        max_attempts=3,
+        dead_letter_topic=dlt,
+        retry_delay=lambda attempt, error: 0.3,
+    )
+    engine = start_engine(kafka.bootstrap, topic, recorder, options)
+    try:
+        wait_until(lambda: len(recorder.done()) == 29, timeout=60, what="other keys")
+        poison = [c for c in recorder.calls if c.key == b"poison"]
+        others_done_at = max(c.end for c in recorder.calls if c.key != b"poison")
+        assert len(poison) < 3 or poison[-1].start > min(
+            c.start for c in recorder.calls if c.key != b"poison"
+        )
+        assert others_done_at < poison[-1].end + 0.5 or len(poison) == 3
+        wait_until(
+            lambda: kafka.committed(engine.group, topic, 1) == {0: 30}, timeout=30, what="commit"
+        )
+    finally:
+        engine.stop()
+    assert [c.attempt for c in recorder.calls if c.key == b"poison"] == [1, 2, 3]
+    letters = read_all(kafka.bootstrap, dlt, 1, 1)
+    assert len(letters) == 1
+    headers = dict(letters[0].headers())
+    assert headers["dlt.original.topic"] == topic.encode()
+    assert headers["dlt.original.partition"] == b"0"
+    assert headers["dlt.original.offset"] == b"3"
+    assert headers["dlt.attempts"] == b"3"
+    assert b"ValueError: cannot process" in headers["dlt.error"]
+    assert letters[0].key() == b"poison"
+    assert engine.core.counts[(topic, 0)].dead_lettered == 1
+
+
+def test_retries_then_success_and_terminal_errors_skip(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10}, key=lambda p, i: f"k{i}".encode())
+    failures = {2: 2}  # offset 2 fails twice, then succeeds
+
+    def fail(record: Record) -> BaseException | None:
+        if record.offset == 5:
+            return TerminalError("never")
+        if failures.get(record.offset, 0) >= record.attempt:
+            return RetriableError("not yet")
+        return None
+
+    recorder = Recorder(fail=fail)
+    options = Options(
+        max_concurrency=4, on_exhausted="skip", max_attempts=5, retry_delay=lambda a, e: 0.05
+    )
+    engine = start_engine(kafka.bootstrap, topic, recorder, options)
+    try:
+        wait_until(lambda: len(recorder.done()) == 9, timeout=30, what="records")
+        wait_until(
+            lambda: kafka.committed(engine.group, topic, 1) == {0: 10}, timeout=30, what="commit"
+        )
+    finally:
+        engine.stop()
+    assert [c.attempt for c in recorder.calls if c.offset == 2] == [1, 2, 3]
+    assert [c.attempt for c in recorder.calls if c.offset == 5] == [1]
+    assert engine.core.counts[(topic, 0)].skipped == 1
+
+
+def test_a_failing_record_blocks_only_its_partition_in_partition_mode_and_commit_stays_below(
+    kafka: Kafka,
+) -> None:
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 10, 1: 10})
+    recorder = Recorder(
+        fail=lambda r: RuntimeError("stuck") if (r.partition, r.offset) == (0, 4) else None
+    )
+    options = Options(
+        ordering=Ordering.PARTITION, retry_delay=lambda a, e: 0.1, commit_interval=0.2
+    )
+    engine = start_engine(kafka.bootstrap, topic, recorder, options)
+    try:
+        wait_until(
+            lambda: kafka.committed(engine.group, topic, 2) == {1: 10, 0: 4},
+            timeout=30,
+            what="commits",
+        )
+        assert {o for p, o in recorder.done() if p == 0} == {0, 1, 2, 3}
+        time.sleep(0.5)
+        assert kafka.committed(engine.group, topic, 2)[0] == 4  # never passes the failing record
+    finally:
+        engine.stop(drain=False)
+
+
+# ---- batches, coroutines, decoding, delay ------------------------------------------------
+
+
+def test_batch_handler_and_batch_retry(kafka: Kafka) -> None:
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 50, 1: 50}, key=lambda p, i: f"k{i}".encode())
+    batches: list[list[tuple[int, int]]] = []
+    failed_once = threading.Event()
+
+    def handle(records: list[Record]) -> None:
+        batches.append([(r.partition, r.offset) for r in records])
+        if not failed_once.is_set() and any(r.offset == 7 for r in records):
+            failed_once.set()
+            raise RuntimeError("whole batch fails once")
+
+    options = Options(
+        ordering=Ordering.KEY, batch_size=10, max_concurrency=2, retry_delay=lambda a, e: 0.05
+    )
+    engine = start_engine(kafka.bootstrap, topic, handle, options)
+    try:
+        wait_until(
+            lambda: kafka.committed(engine.group, topic, 2) == {0: 50, 1: 50},
+            timeout=60,
+            what="commits",
+        )
+    finally:
+        engine.stop()
+    assert all(1 <= len(b) <= 10 for b in batches)
+    assert any(len(b) > 1 for b in batches)
+    processed = [rec for b in batches for rec in b]
+    assert set(processed) == {(p, o) for p in range(2) for o in range(50)}
+    assert len(processed) > 100  # the failed batch's records ran again
+
+
+def test_coroutine_handlers(kafka: Kafka) -> None:
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 100, 1: 100}, key=lambda p, i: f"k{i % 50}".encode())
+    seen: list[tuple[int, int]] = []
+    concurrent = {"now": 0, "peak": 0}
+
+    async def handle(record: Record) -> None:
+        concurrent["now"] += 1
+        concurrent["peak"] = max(concurrent["peak"], concurrent["now"])
+        await asyncio.sleep(0.01)
+        concurrent["now"] -= 1
+        seen.append((record.partition, record.offset))
+
+    engine = start_engine(
+        kafka.bootstrap, topic, handle, Options(ordering=Ordering.KEY, max_concurrency=100)
+    )
+    try:
+        wait_until(lambda: len(seen) == 200, timeout=60, what="records")
+    finally:
+        engine.stop()
+    assert concurrent["peak"] > 10
+    assert len(set(seen)) == 200
+
+
+def test_undecodable_records_reach_the_handler_raw_or_the_dead_letter_topic(kafka: Kafka) -> None:
+    topic, dlt = kafka.create_topic(1), kafka.create_topic(1)
+    producer = kafka.producer()
+    for value in (b'{"a": 1}', b"\xff\xfe not json", b'{"a": 3}'):
+        producer.produce(topic, value=value, partition=0)
+    producer.flush(10)
+
+    got: list[tuple[object, str | None]] = []
+    engine = start_engine(
+        kafka.bootstrap,
+        topic,
+        lambda r: got.append((r.value, r.decode_error)),
+        Options(value_deserializer=json.loads, max_concurrency=1),
+    )
+    try:
+        wait_until(lambda: len(got) == 3, timeout=30, what="records")
+    finally:
+        engine.stop()
+    assert got[0] == ({"a": 1}, None)
+    assert got[1][0] == b"\xff\xfe not json" and "value: UnicodeDecodeError" in (got[1][1] or "")
+
+    got.clear()
+    engine = start_engine(
+        kafka.bootstrap,
+        topic,
+        lambda r: got.append((r.value, r.decode_error)),
+        Options(
+            value_deserializer=json.loads, on_decode_error="dead_letter", dead_letter_topic=dlt
+        ),
+    )
+    try:
+        wait_until(
+            lambda: kafka.committed(engine.group, topic, 1) == {0: 3}, timeout=30, what="commit"
+        )
+    finally:
+        engine.stop()
+    assert [value for value, _ in got] == [{"a": 1}, {"a": 3}]
+    letters = read_all(kafka.bootstrap, dlt, 1, 1)
+    assert letters[0].value() == b"\xff\xfe not json"
+    assert b"DecodeError" in dict(letters[0].headers())["dlt.error"]
+
+
+def test_process_delay(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    recorder = Recorder()
+    engine = start_engine(kafka.bootstrap, topic, recorder, Options(process_delay=1.0))
+    try:
+        time.sleep(4)  # joined
+        produced_at = time.time()
+        kafka.produce(topic, {0: 3})
+        wait_until(lambda: len(recorder.done()) == 3, timeout=30, what="records")
+    finally:
+        engine.stop()
+    first_start = min(c.start for c in recorder.calls)
+    # monotonic vs wall clock: compare durations measured from the same moment instead
+    assert all(c.start >= first_start for c in recorder.calls)
+    assert time.time() - produced_at >= 1.0
+    started_wall = [c.start for c in recorder.calls]
+    assert max(started_wall) - min(started_wall) < 1.0
+
+
+# ---- back-pressure, pause, slow handlers --------------------------------------------------
+
+
+def test_back_pressure_bounds_held_records_and_pauses(kafka: Kafka) -> None:
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 2000, 1: 2000})
+    release = threading.Event()
+    count = {"n": 0}
+
+    def handle(record: Record) -> None:
+        release.wait(30)
+        count["n"] += 1
+
+    options = Options(ordering=Ordering.UNORDERED, max_concurrency=4, max_buffered=100)
+    engine = start_engine(kafka.bootstrap, topic, handle, options)
+    try:
+        wait_until(lambda: engine.stats().get("paused_partitions"), timeout=30, what="pause")
+        time.sleep(1.0)
+        held = engine.stats()["held"]
+        assert 100 <= held <= 100 + 1000, held  # the buffer, plus at most one fetch
+        release.set()
+        wait_until(lambda: count["n"] == 4000, timeout=60, what="all records after release")
+    finally:
+        release.set()
+        engine.stop()
+
+
+def test_pause_and_resume(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    recorder = Recorder()
+    engine = start_engine(kafka.bootstrap, topic, recorder, Options())
+    try:
+        time.sleep(4)
+        engine.pause()
+        kafka.produce(topic, {0: 5})
+        time.sleep(1.5)
+        assert recorder.calls == []
+        engine.resume()
+        wait_until(lambda: len(recorder.done()) == 5, timeout=20, what="records after resume")
+    finally:
+        engine.stop()
+
+
+def test_a_handler_slower_than_max_poll_interval_causes_no_rebalance(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 3})
+    assignments: list[float] = []
+    recorder = Recorder(sleep=lambda r: 8.0 if r.offset == 1 else 0.0)
+    engine = ParallelConsumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": unique("slow"),
+            **CONSUMER,
+            "max.poll.interval.ms": 6000,
+        },
+        [topic],
+        recorder,
+        Options(ordering=Ordering.PARTITION),
+        registry=None,
+    )
+    original = engine._on_assign
+
+    def on_assign(consumer, partitions):  # type: ignore[no-untyped-def]
+        assignments.append(time.monotonic())
+        original(consumer, partitions)
+
+    engine._on_assign = on_assign  # type: ignore[method-assign]
+    engine.start()
+    try:
+        wait_until(lambda: len(recorder.done()) == 3, timeout=60, what="records")
+    finally:
+        engine.stop()
+    assert len(assignments) == 1, "a rebalance happened"
+    assert [c.attempt for c in recorder.calls] == [1, 1, 1]
+
+
+# ---- shutdown ----------------------------------------------------------------------------
+
+
+def test_graceful_stop_drains_in_flight_and_commits(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 20}, key=lambda p, i: f"k{i}".encode())
+    recorder = Recorder(sleep=lambda r: 0.5)
+    engine = start_engine(kafka.bootstrap, topic, recorder, Options(max_concurrency=4))
+    wait_until(lambda: len(recorder.calls) >= 4, timeout=30, what="records in flight")
+    engine.stop(drain=True, timeout=10)
+    finished = recorder.done()
+    started = {(c.partition, c.offset) for c in recorder.calls}
+    assert started == finished, "a started record did not finish during the graceful stop"
+    committed = kafka.committed(engine.group, topic, 1).get(0, 0)
+    assert committed == min({o for o in range(20)} - {o for _, o in finished}, default=20)
+
+
+def test_immediate_stop_commits_only_what_completed(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 20})
+    recorder = Recorder(sleep=lambda r: 2.0 if r.offset == 3 else 0.0)
+    engine = start_engine(kafka.bootstrap, topic, recorder, Options(ordering=Ordering.PARTITION))
+    wait_until(
+        lambda: any(c.offset == 3 for c in recorder.calls), timeout=30, what="the slow record"
+    )
+    engine.stop(drain=False)
+    assert kafka.committed(engine.group, topic, 1).get(0) == 3
+
+
+# ---- offset map, metrics, hooks -----------------------------------------------------------
+
+
+def test_offset_map_in_redis_skips_completed_records_after_restart(
+    kafka: Kafka, local_redis: LocalRedis
+) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 30}, key=lambda p, i: f"k{i}".encode())
+    group = unique("group")
+    block = threading.Event()
+    recorder = Recorder(
+        fail=lambda r: None, sleep=lambda r: 30.0 if r.offset == 2 and not block.is_set() else 0.0
+    )
+    options = Options(
+        ordering=Ordering.KEY,
+        max_concurrency=4,
+        offset_map_store="redis",
+        offset_map_redis_url=local_redis.url,
+        commit_interval=0.2,
+    )
+    engine = start_engine(kafka.bootstrap, topic, recorder, options, group=group)
+    try:
+        wait_until(lambda: len(recorder.done()) == 29, timeout=30, what="all but the slow record")
+        time.sleep(1.0)  # a commit with the offset map
+        assert engine.stats()["offset_map_store"] == "redis"
+    finally:
+        block.set()
+        engine.stop(drain=False)
+    assert kafka.committed(group, topic, 1) == {0: 2}
+    second = Recorder()
+    engine = start_engine(kafka.bootstrap, topic, second, options, group=group)
+    try:
+        wait_until(
+            lambda: kafka.committed(group, topic, 1) == {0: 30},
+            timeout=30,
+            what="commit after restart",
+        )
+    finally:
+        engine.stop()
+    assert [c.offset for c in second.calls] == [2], "completed records were processed again"
+
+
+def test_metrics_and_hooks(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10})
+    events: list[str] = []
+    commits: list[dict] = []
+    hooks = Hooks(
+        before_handle=lambda r: events.append(f"before {r.offset}"),
+        after_handle=lambda r: events.append(f"after {r.offset}"),
+        on_failure=lambda r, e: events.append(f"failure {r.offset}"),
+        on_commit=commits.append,
+    )
+    registry = CollectorRegistry()
+    engine = ParallelConsumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": unique("metrics"), **CONSUMER},
+        [topic],
+        Recorder(
+            fail=lambda r: RetriableError("once") if r.offset == 4 and r.attempt == 1 else None
+        ),
+        Options(hooks=hooks, retry_delay=lambda a, e: 0.01, commit_interval=0.2),
+        registry=registry,
+    ).start()
+    try:
+        wait_until(
+            lambda: any(c.get((topic, 0)) == 10 for c in commits), timeout=30, what="commit hook"
+        )
+        time.sleep(0.6)  # stats refresh
+        text = generate_latest(registry).decode()
+    finally:
+        engine.stop()
+    assert "before 0" in events and "after 9" in events and "failure 4" in events
+    assert (
+        f'sdk_processed_records_total{{group="{engine.group}",partition="0",topic="{topic}"}} 10.0'
+        in text
+    )
+    assert (
+        f'sdk_retried_records_total{{group="{engine.group}",partition="0",topic="{topic}"}} 1.0'
+        in text
+    )
+    assert (
+        f'sdk_committed_offset{{group="{engine.group}",partition="0",topic="{topic}"}} 10.0' in text
+    )
+    assert "sdk_handler_seconds_bucket" in text
