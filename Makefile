@@ -31,6 +31,7 @@ test: lint
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m bench.gate_bench
+	$(BIN)/python -m bench.engine_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -65,6 +65,9 @@ _CONSUMER_ONLY = {
     "on_commit",
 }
 
+_FETCH_MAX = 5000
+"""Most records taken from librdkafka in one go."""
+
 _ITEM_SECONDS = 0.01
 """About how long one work item may run when handlers are slow and there is a backlog."""
 
@@ -248,7 +251,7 @@ class ParallelConsumer:
         self._map_store = self._choose_map_store()
         work = Work(self.handler, self.options)
         if is_coroutine_handler(self.handler):
-            self._runner = AsyncRunner(work, self._inbox)
+            self._runner = AsyncRunner(work, self.options.max_concurrency, self._inbox)
         else:
             self._runner = ThreadRunner(work, self.options.max_concurrency, self._inbox)
         if self.registry is not None:
@@ -334,7 +337,7 @@ class ParallelConsumer:
 
     def _fetch(self, timeout: float) -> None:
         assert self._consumer is not None
-        room = max(1, min(1000, self.core.buffer_limit - self.core.held()))
+        room = max(1, min(_FETCH_MAX, self.core.buffer_limit - self.core.held()))
         if timeout > 0:
             # consume(n, timeout) waits until n records arrived or the timeout passed, so
             # wait in poll() (which returns with the first record) and take the rest after.
@@ -455,6 +458,9 @@ class ParallelConsumer:
             self._timed(seconds, count)
             for entry in self.core.complete(item_id, results, now):
                 self._dead_letter(entry)
+        elif kind == "done_many":
+            for done in message[1]:
+                self._handle(done, now)
         elif kind == "stop":
             _, drain, deadline, drain_buffered = message
             if self._stop is None:

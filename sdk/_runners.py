@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -124,7 +125,7 @@ class Work:
                         self.hook("before_handle", record)
                         handler(record)
                         self.hook("after_handle", record)
-                except Exception as exc:
+                except BaseException as exc:  # SystemExit too: a worker must never die of it
                     error = exc
             results.append(error)
             if error is None:
@@ -175,7 +176,7 @@ class Work:
                     self.handler(records)
                     for record in records:
                         self.hook("after_handle", record)
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit too: a worker must never die of it
                 self.batch_failed(results, records, runnable, exc)
         return results
 
@@ -228,21 +229,37 @@ class ThreadRunner:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when it is installed (it comes with uvicorn[standard]): its timers and task
+    switches cost a fraction of asyncio's, which is most of what a coroutine handler costs."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class AsyncRunner:
-    """One asyncio loop in its own thread; each item runs as a task (so the number of items
-    handed out is the concurrency: none wait beyond it)."""
+    """One asyncio loop in its own thread; each item runs as a task, at most ``concurrency``
+    at once. A few more items wait in the loop, so a finishing task's place is taken at once
+    instead of after a round trip through the consumer's thread."""
 
-    queued_items = 0
-
-    def __init__(self, work: Work, inbox: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+    def __init__(
+        self, work: Work, concurrency: int, inbox: queue.SimpleQueue[tuple[Any, ...]]
+    ) -> None:
         self.work = work
         self.inbox = inbox
+        self.limit = concurrency
+        self.queued_items = max(1, concurrency // 4)
         self.latency = Latency()
         self.latencies = [self.latency]
-        self.loop = asyncio.new_event_loop()
-        self._pending: list[Item] = []
+        self.loop = new_event_loop()
+        self._pending: list[Item] = []  # handed over by the consumer's thread
         self._lock = threading.Lock()
+        self._waiting: deque[Item] = deque()  # loop thread only
+        self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._finished: list[tuple[Any, ...]] = []  # results waiting to cross to the inbox
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="handler-loop", daemon=True
         )
@@ -253,33 +270,50 @@ class AsyncRunner:
             self._pending.append(item)
             first = len(self._pending) == 1
         if first:  # one wake-up per burst of items, not per item
-            self.loop.call_soon_threadsafe(self._start_pending)
+            self.loop.call_soon_threadsafe(self._take_pending)
 
-    def _start_pending(self) -> None:
+    def _take_pending(self) -> None:
         with self._lock:
             items, self._pending = self._pending, []
-        for item in items:
-            task = self.loop.create_task(self._run(item))
+        self._waiting.extend(items)
+        self._start_more()
+
+    def _start_more(self) -> None:
+        while self._waiting and self._running < self.limit:
+            self._running += 1
+            task = self.loop.create_task(self._run(self._waiting.popleft()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _run(self, item: Item) -> None:
         started = time.perf_counter()
-        if self.work.batch:
-            results = await self._run_batch(item.entries)
-        else:
-            results = await self._run_single(item)
+        try:
+            if self.work.batch:
+                results = await self._run_batch(item.entries)
+            else:
+                results = await self._run_single(item)
+        finally:
+            self._running -= 1
         seconds = time.perf_counter() - started
         count = len(item.entries)
         self.latency.observe(seconds / count, 1 if self.work.batch else count)
-        self.inbox.put(("done", item.id, results, seconds, count))
+        if not self._finished:  # results of one loop iteration cross threads together
+            self.loop.call_soon(self._flush)
+        self._finished.append(("done", item.id, results, seconds, count))
+        self._start_more()
+
+    def _flush(self) -> None:
+        finished, self._finished = self._finished, []
+        self.inbox.put(("done_many", finished))
 
     async def _call(self, argument: Any) -> BaseException | None:
         try:
             outcome = self.work.handler(argument)
             if inspect.isawaitable(outcome):
                 await outcome
-        except Exception as exc:
+        except asyncio.CancelledError:
+            raise  # the runner is closing
+        except BaseException as exc:
             return exc
         return None
 

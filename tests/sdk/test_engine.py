@@ -527,3 +527,25 @@ def test_metrics_and_hooks(kafka: Kafka) -> None:
         f'sdk_committed_offset{{group="{engine.group}",partition="0",topic="{topic}"}} 10.0' in text
     )
     assert "sdk_handler_seconds_bucket" in text
+
+
+def test_a_handler_raising_anything_never_kills_a_worker(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 6})
+
+    def fail(record: Record) -> BaseException | None:
+        if record.attempt > 1:
+            return None
+        return [SystemExit(3), KeyboardInterrupt(), MemoryError(), ValueError("x"), None, None][
+            record.offset
+        ]
+
+    recorder = Recorder(fail=fail)
+    engine = start_engine(
+        kafka.bootstrap, topic, recorder, Options(max_concurrency=1, retry_delay=lambda a, e: 0.01)
+    )
+    try:
+        wait_until(lambda: len(recorder.done()) == 6, timeout=30, what="every record after retries")
+    finally:
+        engine.stop()
+    assert sorted(c.offset for c in recorder.calls if c.attempt == 2) == [0, 1, 2, 3]
