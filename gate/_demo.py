@@ -2,18 +2,21 @@
 
 A local broker and Redis (unless given), a ``payments`` topic with a steady producer, two
 dependency services (``service-b`` fast, ``service-c`` slower with periodic hiccups) that
-commit as they process, and the gate watching them for ``service-a``, with a live view of the
-watermarks and its HTTP API on ``http://127.0.0.1:8080``.
+commit as they process, the gate watching them for ``service-a`` with its HTTP API on
+``http://127.0.0.1:8080``, and ``service-a`` itself on the SDK's parallel consumer, holding
+every payment until both dependencies have committed past it, with a live view of it all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -162,7 +165,9 @@ def _local_services(options: DemoOptions) -> Iterator[tuple[str, str | None]]:
         yield bootstrap, redis_url
 
 
-def _table(state: GateState | None, services: list[DependencyService]) -> Table:
+def _table(
+    state: GateState | None, services: list[DependencyService], service_a: dict[str, Any]
+) -> Table:
     table = Table(title=f"gate service-a on topic {TOPIC}", expand=False)
     table.add_column("partition", justify="right")
     table.add_column("end", justify="right")
@@ -170,17 +175,26 @@ def _table(state: GateState | None, services: list[DependencyService]) -> Table:
         table.add_column(service.group, justify="right")
     table.add_column("watermark", justify="right", style="bold green")
     table.add_column("held by")
+    table.add_column("service-a", justify="right", style="cyan")
+    table.add_column("a: held", justify="right")
     if state is None:
-        table.add_row("…", *["" for _ in range(len(services) + 3)])
+        table.add_row("…", *["" for _ in range(len(services) + 5)])
         return table
-    for (_, partition), part in sorted(state.partitions.items()):
+    views = service_a.get("partitions", {})
+    for (topic, partition), part in sorted(state.partitions.items()):
         cells = [str(partition), _num(part.end_offset)]
         for service in services:
             position = part.groups.get(service.group)
             status = position.status.value if position else "?"
             committed = _num(position.committed if position else None)
             cells.append(committed if status == "OK" else f"{committed} [yellow]{status}[/]")
-        cells += [_num(part.watermark), ", ".join(part.holding)]
+        view = views.get((topic, partition), {})
+        cells += [
+            _num(part.watermark),
+            ", ".join(part.holding),
+            _num(view.get("committed")),
+            _num(view.get("gate_held")),
+        ]
         table.add_row(*cells)
     return table
 
@@ -189,8 +203,40 @@ def _num(value: int | None) -> str:
     return "—" if value is None else f"{value:,}"
 
 
+class PaymentHandler:
+    """service-a's work: a little time per payment, counted."""
+
+    def __init__(self) -> None:
+        self.processed = 0
+
+    def __call__(self, record: Any) -> None:
+        time.sleep(0.002)
+        self.processed += 1
+
+
+def _service_a(bootstrap: str, redis_url: str | None, gate_url: str) -> Any:
+    """The dependent service on the SDK, gated from Redis (or the gate's HTTP stream)."""
+    from sdk import Gate, HttpSource, Options, Ordering, ParallelConsumer, RedisSource
+
+    source = RedisSource(redis_url) if redis_url else HttpSource(gate_url)
+    return ParallelConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "service-a",
+            "session.timeout.ms": 6000,
+            "auto.offset.reset": "earliest",
+        },
+        [TOPIC],
+        PaymentHandler(),
+        Options(ordering=Ordering.KEY, max_concurrency=8),
+        gate=Gate("service-a", [source]),
+        registry=None,
+    )
+
+
 def run_demo(options: DemoOptions, console: Console | None = None) -> int:
-    console = console or Console()
+    # Not a terminal (a file, a test): wide enough for the table not to wrap.
+    console = console or (Console() if sys.stdout.isatty() else Console(width=160))
     stop = threading.Event()
     with _local_services(options) as (bootstrap, redis_url):
         _ensure_topic(bootstrap)
@@ -209,12 +255,14 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
             served = ServedGate(service, port=0)
             console.print(f"[yellow]port {options.port} is busy; using another one[/]")
         producer = PaymentsProducer(bootstrap, options.rate, stop)
+        service_a = _service_a(bootstrap, redis_url, served.url)
         services = [
             DependencyService("service-b", bootstrap, 0.004, stop),
             DependencyService("service-c", bootstrap, 0.012, stop, hiccup_every=15, hiccup_for=4),
         ]
         workers: list[_Worker] = [producer, *services]
         with served:
+            service_a.start()
             for worker in workers:
                 worker.start()
             header = Text.assemble(
@@ -237,10 +285,12 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                 footer = Text(
                     f"{elapsed:5.1f}s  produced {producer.produced:,}  "
                     + "  ".join(f"{s.group} processed {s.processed:,}" for s in services)
+                    + f"  service-a processed {service_a.handler.processed:,}"
                     + ("" if options.duration else "   (Ctrl-C to stop)"),
                     style="dim",
                 )
-                return Group(_table(service.store.latest("service-a"), services), footer)
+                latest = service.store.latest("service-a")
+                return Group(_table(latest, services, service_a.stats()), footer)
 
             try:
                 with Live(
@@ -256,6 +306,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                 stop.set()
                 for worker in workers:
                     worker.join(10)
+                service_a.stop(timeout=10)
             console.print(view())
         failures = [f"{w.name}: {w.error}" for w in workers if w.error]
         for failure in failures:

@@ -1,8 +1,9 @@
-"""Client SDK: an ordered parallel consumer on confluent-kafka.
+"""Client SDK: an ordered parallel consumer on confluent-kafka, with dependency gating.
 
 Many records in flight with ordering per partition or per key, commits that never pass an
 unprocessed record, retries, dead-letter topics, back-pressure, and rebalance and shutdown
-safety::
+safety; with a :class:`Gate`, every record is also held until the consumer groups it depends
+on have committed past it::
 
     from sdk import Options, Ordering, ParallelConsumer, stop_on_signals
 
@@ -20,24 +21,42 @@ safety::
 """
 
 from sdk._engine import EngineError, ParallelConsumer, stop_on_signals
+from sdk._gating import (
+    EmbeddedSource,
+    Gate,
+    GateError,
+    GateTimeout,
+    HttpSource,
+    RedisSource,
+    WatermarkSource,
+    gated,
+)
 from sdk._offsets import OffsetMapError, decode_offset_map, encode_offset_map
 from sdk._options import ExponentialBackoff, Hooks, Options, OptionsError, Ordering
 from sdk._record import DecodeError, Record, RetriableError, TerminalError
 
 __all__ = [
     "DecodeError",
+    "EmbeddedSource",
     "EngineError",
     "ExponentialBackoff",
+    "Gate",
+    "GateError",
+    "GateTimeout",
     "Hooks",
+    "HttpSource",
     "OffsetMapError",
     "Options",
     "OptionsError",
     "Ordering",
     "ParallelConsumer",
     "Record",
+    "RedisSource",
     "RetriableError",
     "TerminalError",
+    "WatermarkSource",
     "decode_offset_map",
     "encode_offset_map",
+    "gated",
     "stop_on_signals",
 ]

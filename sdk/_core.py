@@ -64,6 +64,7 @@ class _Partition:
 
     __slots__ = (
         "blocked",
+        "blocked_since",
         "counts",
         "dead",
         "done",
@@ -98,6 +99,7 @@ class _Partition:
         self.map_cap: int | None = None
         self.limit: int | None = None  # release limit (watermark); None: everything
         self.blocked: list[Shard] = []  # shards waiting for the limit or the offset map
+        self.blocked_since: float | None = None  # when the first of them started waiting
         self.last_committed = start
         self.last_map = ""
         self.head_since = now
@@ -410,6 +412,8 @@ class WorkCore:
             limit = part.limit if part.map_cap is None else part.release_limit()
             if limit is not None and head.offset >= limit:
                 shard.place = "blocked"
+                if not part.blocked:
+                    part.blocked_since = now
                 part.blocked.append(shard)
                 continue
             room = min(run_max, item_size - len(entries)) if entries else run_max
@@ -641,18 +645,25 @@ class WorkCore:
 
     # ---- release limits (gating) and global pause ---------------------------------------
 
-    def set_limit(self, tp: TP, limit: int | None) -> None:
-        """Records of ``tp`` at or beyond ``limit`` may not start; None lifts the limit."""
+    def set_limit(self, tp: TP, limit: int | None, now: float = 0.0) -> float | None:
+        """Records of ``tp`` at or beyond ``limit`` may not start; None lifts the limit.
+
+        Returns how long the partition's records had been held when raising the limit
+        released them, else None."""
         part = self.partitions.get(tp)
         if part is None or part.limit == limit:
-            return
+            return None
         raised = part.limit is not None and (limit is None or limit > part.limit)
         part.limit = limit
-        if raised:
+        if raised and part.blocked:
+            since = part.blocked_since
             self._unblock(part)
+            return None if since is None else max(0.0, now - since)
+        return None
 
     def _unblock(self, part: _Partition) -> None:
         blocked, part.blocked = part.blocked, []
+        part.blocked_since = None
         for shard in blocked:
             if shard.place == "blocked":
                 shard.place = None
@@ -757,6 +768,10 @@ class WorkCore:
             "blocking_offset": blocking,
             "blocked_for": (now - part.head_since) if blocking is not None else 0.0,
             "limit": part.limit,
+            "gate_held": 0
+            if part.limit is None
+            else sum(1 for o in part.pending if o >= part.limit),
+            "held_for": 0.0 if part.blocked_since is None else now - part.blocked_since,
             "paused": part.paused,
             "map_full": part.map_cap is not None,
         }

@@ -31,39 +31,13 @@ from confluent_kafka import (
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from sdk._core import TP, Entry, WorkCore
+from sdk._gating import Gate
 from sdk._offsets import OffsetMapError, decode_offset_map
-from sdk._options import Options, OptionsError
-from sdk._runners import AsyncRunner, ThreadRunner, Work, is_coroutine_handler
+from sdk._options import CONSUMER_ONLY, Options, OptionsError
+from sdk._runners import AsyncRunner, Latency, ThreadRunner, Work, is_coroutine_handler
 
 log = logging.getLogger("sdk")
 
-# Consumer-only librdkafka properties, left out of the dead-letter producer's configuration.
-_CONSUMER_ONLY = {
-    "group.id",
-    "group.instance.id",
-    "group.protocol",
-    "group.remote.assignor",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "auto.commit.interval.ms",
-    "auto.offset.reset",
-    "session.timeout.ms",
-    "heartbeat.interval.ms",
-    "max.poll.interval.ms",
-    "partition.assignment.strategy",
-    "isolation.level",
-    "enable.partition.eof",
-    "check.crcs",
-    "fetch.min.bytes",
-    "fetch.max.bytes",
-    "fetch.wait.max.ms",
-    "fetch.error.backoff.ms",
-    "max.partition.fetch.bytes",
-    "fetch.message.max.bytes",
-    "queued.min.messages",
-    "queued.max.messages.kbytes",
-    "on_commit",
-}
 
 _FETCH_MAX = 5000
 """Most records taken from librdkafka in one go."""
@@ -102,6 +76,7 @@ class ParallelConsumer:
         handler: Callable[..., Any],
         options: Options | None = None,
         *,
+        gate: Gate | None = None,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         self.options = options or Options()
@@ -129,6 +104,7 @@ class ParallelConsumer:
         self.group = str(config["group.id"])
         self.topics = list(topics)
         self.handler = handler
+        self.gate = gate
         self.registry = registry
         options = self.options
         self.core = WorkCore(
@@ -162,6 +138,10 @@ class ParallelConsumer:
         self._item_samples: deque[float] = deque(maxlen=64)  # seconds per record, by item
         self._samples_new = 0
         self._record_seconds: float | None = None
+        self._owns_gate = False
+        self._watermarks_pending = threading.Event()
+        self._holds = Latency()  # how long gated partitions waited for release
+        self._hold_logged: dict[TP, float] = {}
         self.paused_by_user = False
 
     # ---- public API ---------------------------------------------------------------------
@@ -249,6 +229,10 @@ class ParallelConsumer:
         except KafkaException as exc:
             raise OptionsError(f"config: {exc.args[0].str() if exc.args else exc}") from None
         self._map_store = self._choose_map_store()
+        if self.gate is not None:
+            self._owns_gate = not self.gate._started
+            self.gate.start()
+            self.gate.view.add_listener(self._on_watermarks)
         work = Work(self.handler, self.options)
         if is_coroutine_handler(self.handler):
             self._runner = AsyncRunner(work, self.options.max_concurrency, self._inbox)
@@ -296,6 +280,10 @@ class ParallelConsumer:
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 self._redis.close()
+        if self.gate is not None:
+            self.gate.view.remove_listener(self._on_watermarks)
+            if self._owns_gate:
+                self.gate.stop()
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -359,7 +347,9 @@ class ParallelConsumer:
 
     def _inbox_wait(self, now: float) -> float:
         wakeup = self.core.next_wakeup()
-        wait = 0.005
+        # Records running: results come soon. Only held records (a closed gate, a retry
+        # delay): watermark changes and timers wake us anyway, so look at Kafka less often.
+        wait = 0.005 if self.core.outstanding else 0.02
         if wakeup is not None:
             wait = min(wait, max(0.0, wakeup - now))
         return wait
@@ -458,6 +448,9 @@ class ParallelConsumer:
             self._timed(seconds, count)
             for entry in self.core.complete(item_id, results, now):
                 self._dead_letter(entry)
+        elif kind == "watermarks":
+            self._watermarks_pending.clear()
+            self._apply_watermarks(now)
         elif kind == "done_many":
             for done in message[1]:
                 self._handle(done, now)
@@ -476,6 +469,46 @@ class ParallelConsumer:
 
     def _handle_other(self, message: tuple[Any, ...], now: float) -> None:
         log.debug("ignored inbox message %r", message[0])
+
+    # ---- gating -------------------------------------------------------------------------
+
+    def _on_watermarks(self, snapshot: Any) -> None:
+        """From a source's thread: wake the consumer's thread (once per burst)."""
+        if not self._watermarks_pending.is_set():
+            self._watermarks_pending.set()
+            self._inbox.put(("watermarks",))
+
+    def _apply_watermarks(self, now: float) -> None:
+        gate = self.gate
+        if gate is None:
+            return
+        for tp in list(self.core.partitions):
+            held_for = self.core.set_limit(tp, gate.limit(*tp), now)
+            if held_for is not None:
+                self._holds.observe(held_for)
+                self._hold_logged.pop(tp, None)
+
+    def _log_long_holds(self, now: float, partitions: Mapping[TP, Mapping[str, Any]]) -> None:
+        """A rate-limited line per partition held longer than the gate's ``hold_log_after``,
+        with the reason (explained in the background: a source may ask the network)."""
+        gate = self.gate
+        if gate is None:
+            return
+        for tp, view in partitions.items():
+            held_for = view.get("held_for", 0.0)
+            if (
+                held_for < gate.hold_log_after
+                or now - self._hold_logged.get(tp, 0.0) < gate.hold_log_after
+            ):
+                continue
+            self._hold_logged[tp] = now
+            offset = view["limit"] if view["limit"] is not None else 0
+            threading.Thread(
+                target=_log_hold,
+                args=(gate, tp, offset, held_for),
+                name="gate-explain",
+                daemon=True,
+            ).start()
 
     # ---- stopping -----------------------------------------------------------------------
 
@@ -601,7 +634,7 @@ class ParallelConsumer:
         with contextlib.suppress(Exception):
             from confluent_kafka.admin import AdminClient
 
-            admin = AdminClient({k: v for k, v in config.items() if k not in _CONSUMER_ONLY})
+            admin = AdminClient({k: v for k, v in config.items() if k not in CONSUMER_ONLY})
             for future in admin.delete_consumer_groups([probe_group], request_timeout=5).values():
                 future.result(5)
         return kept
@@ -661,6 +694,8 @@ class ParallelConsumer:
             completed = self._restore_map(key, committed, tp.metadata)
             self.core.assign(key, committed, completed, now)
             self._assigned.add(key)
+            if self.gate is not None:
+                self.core.set_limit(key, self.gate.limit(*key), now)
             if completed:
                 log.info(
                     "%s[%d]: %d records beyond offset %s completed before, will be skipped",
@@ -728,7 +763,7 @@ class ParallelConsumer:
             self.core.dead_lettered(entry, time.time())
             return
         if self._producer is None:
-            config = {k: v for k, v in self.config.items() if k not in _CONSUMER_ONLY}
+            config = {k: v for k, v in self.config.items() if k not in CONSUMER_ONLY}
             config.setdefault("logger", logging.getLogger("sdk.kafka.dlt"))
             self._producer = Producer(config)
         message: Message = entry.payload
@@ -792,7 +827,10 @@ class ParallelConsumer:
             "partitions": partitions,
             "counts": {tp: vars(c).copy() for tp, c in core.counts.items()},
             "latency": self._latency_snapshot(),
+            "holds": (list(self._holds.counts), self._holds.total),
+            "gate": None if self.gate is None else _gate_stats(self.gate),
         }
+        self._log_long_holds(now, partitions)
 
     def _latency_snapshot(self) -> tuple[list[int], float]:
         runner = self._runner
@@ -807,6 +845,41 @@ class ParallelConsumer:
                 counts = [a + b for a, b in zip(counts, latency.counts, strict=True)]
             total += latency.total
         return counts, total
+
+
+def _gate_stats(gate: Gate) -> dict[str, Any]:
+    snapshot = gate.snapshot
+    return {
+        "name": gate.name,
+        "version": None if snapshot is None else snapshot.version,
+        "age": gate.view.age(),
+        "stale": gate.stale,
+        "sources": {
+            s.state.name: {"up": s.state.up, "rejected": dict(s.state.rejected)}
+            for s in gate.sources
+        },
+    }
+
+
+def _log_hold(gate: Gate, tp: TP, offset: int, held_for: float) -> None:
+    why = gate.explain(tp[0], tp[1], offset)
+    waiting = why.get("waiting_for")
+    if waiting:
+        detail = ", ".join(
+            f"{w['group']} (committed {w['committed']}, behind by {w['behind_by']})"
+            for w in waiting
+        )
+    else:
+        detail = f"watermark {why['watermark']}"
+    log.warning(
+        "%s[%d]: records from offset %d held for %.0fs by gate %s: waiting for %s",
+        tp[0],
+        tp[1],
+        offset,
+        held_for,
+        gate.name,
+        detail,
+    )
 
 
 def _names(tps: Iterable[Any]) -> str:

@@ -102,19 +102,17 @@ class EngineCollector(Collector):
             buffered.add_metric(values, view["buffered"])
         yield from (committed, incomplete, blocking, blocked_for, buffered)
 
+        yield from _gate_metrics(group, stats)
+
         counts, total = stats["latency"]
         if counts:
-            cumulative, running = [], 0
-            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
-                running += count
-                cumulative.append((_bound(bound), running))
-            latency = HistogramMetricFamily(
+            yield _histogram(
                 "sdk_handler_seconds",
                 "Handler duration per record (per batch for batches).",
-                labels=["group"],
+                group,
+                counts,
+                total,
             )
-            latency.add_metric([group], cumulative, sum_value=total)
-            yield latency
 
 
 def _gauge(name: str, help_text: str, group: str, value: float) -> GaugeMetricFamily:
@@ -125,3 +123,68 @@ def _gauge(name: str, help_text: str, group: str, value: float) -> GaugeMetricFa
 
 def _bound(value: float) -> str:
     return "+Inf" if value == float("inf") else repr(float(value))
+
+
+def _histogram(name: str, help_text: str, group: str, counts: list[int], total: float) -> Metric:
+    cumulative, running = [], 0
+    for bound, count in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
+        running += count
+        cumulative.append((_bound(bound), running))
+    family = HistogramMetricFamily(name, help_text, labels=["group"])
+    family.add_metric([group], cumulative, sum_value=total)
+    return family
+
+
+def _gate_metrics(group: str, stats: dict) -> Iterator[Metric]:
+    gate = stats.get("gate")
+    if gate is None:
+        return
+    labels = ["group", "topic", "partition"]
+    held = GaugeMetricFamily(
+        "sdk_gate_held_records",
+        "Records held because their dependencies have not committed past them.",
+        labels=labels,
+    )
+    for (topic, partition), view in stats["partitions"].items():
+        held.add_metric([group, topic, str(partition)], view["gate_held"])
+    yield held
+    counts, total = stats["holds"]
+    if any(counts):
+        yield _histogram(
+            "sdk_gate_hold_seconds",
+            "How long gated partitions waited until released.",
+            group,
+            counts,
+            total,
+        )
+    name = gate["name"]
+    version = GaugeMetricFamily(
+        "sdk_gate_snapshot_version", "Version of the snapshot in force.", labels=["group", "gate"]
+    )
+    age = GaugeMetricFamily(
+        "sdk_gate_snapshot_age_seconds", "Age of the snapshot in force.", labels=["group", "gate"]
+    )
+    stale = GaugeMetricFamily(
+        "sdk_gate_stale",
+        "1 while no source has sent news for stale_after.",
+        labels=["group", "gate"],
+    )
+    if gate["version"] is not None:
+        version.add_metric([group, name], gate["version"])
+        age.add_metric([group, name], gate["age"] or 0.0)
+    stale.add_metric([group, name], int(gate["stale"]))
+    up = GaugeMetricFamily(
+        "sdk_gate_source_up",
+        "1 while a watermark source works.",
+        labels=["group", "gate", "source"],
+    )
+    rejected = CounterMetricFamily(
+        "sdk_gate_rejected_snapshots",
+        "Snapshots a source delivered and the consumer refused.",
+        labels=["group", "gate", "source", "reason"],
+    )
+    for source, state in gate["sources"].items():
+        up.add_metric([group, name, source], int(state["up"]))
+        for reason, count in state["rejected"].items():
+            rejected.add_metric([group, name, source, reason], count)
+    yield from (version, age, stale, up, rejected)

@@ -10,6 +10,35 @@ from typing import Any, Literal
 
 from sdk._record import Record
 
+# librdkafka properties only a consumer understands: left out when the same configuration
+# serves a producer (dead letters) or an admin client (gating).
+CONSUMER_ONLY = {
+    "group.id",
+    "group.instance.id",
+    "group.protocol",
+    "group.remote.assignor",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.commit.interval.ms",
+    "auto.offset.reset",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "partition.assignment.strategy",
+    "isolation.level",
+    "enable.partition.eof",
+    "check.crcs",
+    "fetch.min.bytes",
+    "fetch.max.bytes",
+    "fetch.wait.max.ms",
+    "fetch.error.backoff.ms",
+    "max.partition.fetch.bytes",
+    "fetch.message.max.bytes",
+    "queued.min.messages",
+    "queued.max.messages.kbytes",
+    "on_commit",
+}
+
 
 class Ordering(StrEnum):
     PARTITION = "partition"

@@ -156,17 +156,25 @@ def test_serve_with_a_bad_kafka_property_is_one_line(tmp_path: Path) -> None:
 
 
 def test_demo_runs_the_whole_story_and_stops_by_itself() -> None:
-    result = run("demo", "--duration", "8", "--no-live", "--port", "0", timeout=120)
+    result = run("demo", "--duration", "12", "--no-live", "--port", "0", timeout=120)
     assert result.returncode == 0, result.stderr
     output = result.stdout
     assert "gate service-a on topic payments" in output
-    assert "service-b" in output and "service-c" in output
+    lines = output.splitlines()
+    header = next(line for line in lines if line.startswith("┃") and "watermark" in line)
+    columns = [cell.strip() for cell in header.split("┃")[1:-1]]
     rows = [
-        line
-        for line in output.splitlines()
+        [cell.strip().replace(",", "") for cell in line.split("│")[1:-1]]
+        for line in lines
         if line.startswith("│") and line.split("│")[1].strip().isdigit()
     ]
     assert len(rows) == 3
-    watermarks = [row.split("│")[5].strip().replace(",", "") for row in rows]
-    assert all(w.isdigit() and int(w) > 0 for w in watermarks), rows
+    for row in rows:
+        cells = dict(zip(columns, row, strict=True))
+        watermark = int(cells["watermark"])
+        assert watermark > 0, row
+        # service-a, on the SDK behind the gate, never passes the watermark it was given
+        # (it may lag behind it by a poll) and has processed something.
+        assert cells["service-a"].isdigit() and 0 < int(cells["service-a"]) <= watermark, row
+    assert "service-a processed" in output
     assert_no_traceback(result)

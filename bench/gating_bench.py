@@ -1,0 +1,269 @@
+"""Gating benchmarks.
+
+1. Release latency: from a dependency's commit (acknowledged) to the dependent's handler
+   starting the records it released, at about 1,000 records/s, for the Redis, HTTP-stream and
+   embedded sources. The dependency trails production by 150 ms, so the dependent has
+   fetched and holds each record when it is released (the situation gating is for).
+   Targets: Redis p99 <= 25 ms; embedded p99 <= its poll interval + 25 ms.
+2. The cost of gating when the dependencies are far ahead: the same engine gated (every
+   record already released) and ungated, interleaved in the same run. Target: >= 0.95.
+
+Run: ``python -m bench.gating_bench [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from rich.progress import track
+
+from bench._report import console, summary_ms, table, write
+from bench.engine_bench import CONSUMER, Counter, FirstTimed, _wait, create_topic, produce
+from gate import GateService, parse_config
+from gate._local import LocalBroker, LocalRedis
+from gate._serve import ServedGate
+from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, ParallelConsumer, RedisSource
+
+GATE_POLL = 0.01
+EMBEDDED_POLL = 0.2
+
+
+class Dependency(threading.Thread):
+    """Processes each record ``lag`` seconds after it was produced (so the dependent has
+    fetched it and holds it, as when a dependent runs ahead), commits every few
+    milliseconds, and notes when each commit was acknowledged."""
+
+    lag = 0.15
+
+    def __init__(self, bootstrap: str, topic: str, group: str, partitions: int) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.group, self.partitions = (
+            bootstrap,
+            topic,
+            group,
+            partitions,
+        )
+        self.acknowledged: list[tuple[float, int, int]] = []  # (time, partition, offset)
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.assign([TopicPartition(self.topic, p, 0) for p in range(self.partitions)])
+        pending: dict[int, int] = {}
+        last = time.monotonic()
+        while not self.stop_event.is_set():
+            for message in consumer.consume(100, 0.002):
+                if message.error() is None:
+                    due = message.timestamp()[1] / 1000 + self.lag
+                    time.sleep(max(0.0, due - time.time()))
+                    pending[message.partition()] = message.offset() + 1
+            if pending and time.monotonic() - last >= 0.005:
+                consumer.commit(
+                    offsets=[TopicPartition(self.topic, p, o) for p, o in pending.items()],
+                    asynchronous=False,
+                )
+                now = time.monotonic()
+                self.acknowledged += [(now, p, o) for p, o in pending.items()]
+                pending.clear()
+                last = now
+        consumer.close()
+
+    def released_at(self, partition: int, offset: int) -> float | None:
+        for when, p, committed in self.acknowledged:
+            if p == partition and committed > offset:
+                return when
+        return None
+
+
+def latency_run(
+    bootstrap: str, admin: AdminClient, source_name: str, seconds: float, redis_url: str | None
+) -> dict[str, Any]:
+    topic = f"latency-{source_name}-{random.randrange(10**9)}"
+    partitions = 4
+    create_topic(admin, topic, partitions)
+    dependency_group = f"dep-{random.randrange(10**9)}"
+    served: ServedGate | None = None
+    if source_name == "embedded":
+        source: Any = EmbeddedSource(
+            {"bootstrap.servers": bootstrap},
+            [topic],
+            [dependency_group],
+            poll_interval=EMBEDDED_POLL,
+        )
+    else:
+        data: dict[str, Any] = {
+            "kafka": {"bootstrap.servers": bootstrap},
+            "poll_interval_ms": int(GATE_POLL * 1000),
+            "gates": {"a": {"topics": [topic], "depends_on": [dependency_group]}},
+            "http": {"host": "127.0.0.1", "port": 0},
+        }
+        if source_name == "redis":
+            data["redis"] = {"url": redis_url}
+        served = ServedGate(GateService(parse_config(data, env={}))).start()
+        source = RedisSource(redis_url) if source_name == "redis" else HttpSource(served.url)
+    starts: dict[tuple[int, int], float] = {}
+
+    def handle(record: Any) -> None:
+        starts.setdefault((record.partition, record.offset), time.monotonic())
+
+    handle.count = 0  # type: ignore[attr-defined]
+    consumer = ParallelConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"a-{random.random()}", **CONSUMER},
+        [topic],
+        handle,
+        Options(ordering=Ordering.KEY, max_concurrency=16),
+        gate=Gate("a", [source]),
+        registry=None,
+    )
+    consumer.start()
+    dependency = Dependency(bootstrap, topic, dependency_group, partitions)
+    time.sleep(4)  # the dependent joined its group
+    dependency.start()
+    producer_config = {"bootstrap.servers": bootstrap, "linger.ms": 0}
+    from confluent_kafka import Producer
+
+    producer = Producer(producer_config)
+    produced = 0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:  # about 1,000 records/s
+        for _ in range(10):
+            producer.produce(
+                topic, key=f"k{produced % 97}".encode(), value=b"x", partition=produced % partitions
+            )
+            produced += 1
+        producer.poll(0)
+        time.sleep(max(0.0, started + produced / 1000 - time.monotonic()))
+    producer.flush(10)
+    _wait(lambda: len(starts) >= produced, 60)
+    consumer.stop()
+    dependency.stop_event.set()
+    dependency.join(10)
+    if served is not None:
+        served.stop()
+    latencies = []
+    for (partition, offset), start in starts.items():
+        released = dependency.released_at(partition, offset)
+        if released is not None:
+            latencies.append(max(0.0, start - released))
+    stats = summary_ms(latencies)
+    return {
+        "source": source_name,
+        "records": produced,
+        "rate_per_s": round(produced / seconds),
+        **stats,
+    }
+
+
+def gating_cost(bootstrap: str, admin: AdminClient, records: int, rounds: int) -> dict[str, Any]:
+    topic = f"cost-{random.randrange(10**9)}"
+    create_topic(admin, topic, 12)
+    produce(bootstrap, topic, records, lambda i: f"key-{i % 100_000}".encode(), partitions=12)
+    dependency = f"far-ahead-{random.randrange(10**9)}"
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": dependency, "enable.auto.commit": False}
+    )
+    ends = [
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(12)
+    ]
+    consumer.commit(
+        offsets=[TopicPartition(topic, p, end + 10**6) for p, end in enumerate(ends)],
+        asynchronous=False,
+    )
+    consumer.close()
+    rates: dict[str, list[float]] = {"ungated": [], "gated": []}
+    for _ in track(range(rounds), description="gated vs ungated", console=console):
+        for name in rates:
+            handler = FirstTimed(Counter())
+            gate = None
+            if name == "gated":
+                source = EmbeddedSource(
+                    {"bootstrap.servers": bootstrap},
+                    [topic],
+                    [dependency],
+                    poll_interval=EMBEDDED_POLL,
+                )
+                gate = Gate("a", [source]).start()
+                gate.wait_for_snapshot(10)
+            engine = ParallelConsumer(
+                {"bootstrap.servers": bootstrap, "group.id": f"cost-{random.random()}", **CONSUMER},
+                [topic],
+                handler,
+                Options(ordering=Ordering.KEY, max_concurrency=16, max_buffered=20_000),
+                gate=gate,
+                registry=None,
+            )
+            engine.start()
+            if not _wait(lambda h=handler: h.count >= records, 600):
+                raise SystemExit(f"{name} run stalled at {handler.count}")
+            rates[name].append(records / (time.perf_counter() - handler.first))
+            engine.stop(timeout=10)
+    best = {name: max(values) for name, values in rates.items()}
+    return {
+        "records": records,
+        "records_per_second": best,
+        "runs": rates,
+        "ratio": round(best["gated"] / best["ungated"], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    seconds = 5 if args.quick else 15
+    results: dict[str, Any] = {}
+    with LocalBroker() as broker, LocalRedis() as redis_server:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        rows = []
+        for source in track(
+            ("redis", "http", "embedded"), description="release latency", console=console
+        ):
+            rows.append(latency_run(broker.bootstrap, admin, source, seconds, redis_server.url))
+        results["latency"] = rows
+        table(
+            f"Release latency at ~1,000 records/s (gate polls every {GATE_POLL * 1000:.0f} ms; embedded every {EMBEDDED_POLL * 1000:.0f} ms)",
+            ["source", "records", "p50 ms", "p99 ms", "max ms"],
+            [[r["source"], r["records"], r["p50_ms"], r["p99_ms"], r["max_ms"]] for r in rows],
+        )
+        cost = results["cost"] = gating_cost(
+            broker.bootstrap, admin, 100_000 if args.quick else 300_000, 1 if args.quick else 3
+        )
+        table(
+            f"Gating cost with the dependencies far ahead: {cost['records']:,} records, best of rounds",
+            ["engine", "records/s"],
+            [[name, round(rate)] for name, rate in cost["records_per_second"].items()]
+            + [["gated / ungated", cost["ratio"]]],
+        )
+    write("gating", results)
+    by_source = {r["source"]: r for r in results["latency"]}
+    verdict = [
+        (
+            f"Redis p99 <= 25 ms ({by_source['redis']['p99_ms']} ms)",
+            by_source["redis"]["p99_ms"] <= 25,
+        ),
+        (
+            f"embedded p99 <= {EMBEDDED_POLL * 1000 + 25:.0f} ms ({by_source['embedded']['p99_ms']} ms)",
+            by_source["embedded"]["p99_ms"] <= EMBEDDED_POLL * 1000 + 25,
+        ),
+        (f"gated / ungated >= 0.95 ({results['cost']['ratio']})", results["cost"]["ratio"] >= 0.95),
+    ]
+    table("Targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in verdict])
+
+
+if __name__ == "__main__":
+    main()
