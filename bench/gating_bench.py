@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import argparse
 import random
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -25,9 +28,7 @@ from rich.progress import track
 
 from bench._report import console, summary_ms, table, write
 from bench.engine_bench import CONSUMER, Counter, FirstTimed, _wait, create_topic, produce
-from gate import GateService, parse_config
-from gate._local import LocalBroker, LocalRedis
-from gate._serve import ServedGate
+from gate._local import LocalBroker, LocalRedis, free_port
 from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, ParallelConsumer, RedisSource
 
 GATE_POLL = 0.01
@@ -95,7 +96,7 @@ def latency_run(
     partitions = 4
     create_topic(admin, topic, partitions)
     dependency_group = f"dep-{random.randrange(10**9)}"
-    served: ServedGate | None = None
+    server: subprocess.Popen[bytes] | None = None
     if source_name == "embedded":
         source: Any = EmbeddedSource(
             {"bootstrap.servers": bootstrap},
@@ -104,16 +105,31 @@ def latency_run(
             poll_interval=EMBEDDED_POLL,
         )
     else:
-        data: dict[str, Any] = {
-            "kafka": {"bootstrap.servers": bootstrap},
-            "poll_interval_ms": int(GATE_POLL * 1000),
-            "gates": {"a": {"topics": [topic], "depends_on": [dependency_group]}},
-            "http": {"host": "127.0.0.1", "port": 0},
-        }
-        if source_name == "redis":
-            data["redis"] = {"url": redis_url}
-        served = ServedGate(GateService(parse_config(data, env={}))).start()
-        source = RedisSource(redis_url) if source_name == "redis" else HttpSource(served.url)
+        # The gate runs as its own process, as deployed (not sharing this process's GIL).
+        port = free_port()
+        config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)  # noqa: SIM115
+        redis_line = f"redis: {{url: '{redis_url}'}}\n" if source_name == "redis" else ""
+        config.write(
+            f"kafka: {{bootstrap.servers: '{bootstrap}'}}\npoll_interval_ms: {int(GATE_POLL * 1000)}\n"
+            f"gates: {{a: {{topics: [{topic}], depends_on: [{dependency_group}]}}}}\n"
+            f"http: {{host: 127.0.0.1, port: {port}}}\n{redis_line}"
+        )
+        config.close()
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gate.cli",
+                "serve",
+                "--config",
+                config.name,
+                "--log-level",
+                "warning",
+            ]
+        )
+        url = f"http://127.0.0.1:{port}"
+        _wait(lambda: _answers(f"{url}/healthz"), 30)
+        source = RedisSource(redis_url) if source_name == "redis" else HttpSource(url)
     starts: dict[tuple[int, int], float] = {}
 
     def handle(record: Any) -> None:
@@ -121,7 +137,15 @@ def latency_run(
 
     handle.count = 0  # type: ignore[attr-defined]
     consumer = ParallelConsumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"a-{random.random()}", **CONSUMER},
+        # Tansu holds a fetch for the whole fetch.wait.max.ms (500 ms by default) even when
+        # records arrive meanwhile; Apache Kafka answers at once. Without this the figure
+        # would measure this broker's fetch, not gating.
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"a-{random.random()}",
+            **CONSUMER,
+            "fetch.wait.max.ms": 10,
+        },
         [topic],
         handle,
         Options(ordering=Ordering.KEY, max_concurrency=16),
@@ -151,8 +175,9 @@ def latency_run(
     consumer.stop()
     dependency.stop_event.set()
     dependency.join(10)
-    if served is not None:
-        served.stop()
+    if server is not None:
+        server.terminate()
+        server.wait(10)
     latencies = []
     for (partition, offset), start in starts.items():
         released = dependency.released_at(partition, offset)
@@ -165,6 +190,15 @@ def latency_run(
         "rate_per_s": round(produced / seconds),
         **stats,
     }
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def gating_cost(bootstrap: str, admin: AdminClient, records: int, rounds: int) -> dict[str, Any]:
@@ -210,6 +244,8 @@ def gating_cost(bootstrap: str, admin: AdminClient, records: int, rounds: int) -
                 raise SystemExit(f"{name} run stalled at {handler.count}")
             rates[name].append(records / (time.perf_counter() - handler.first))
             engine.stop(timeout=10)
+            if gate is not None:
+                gate.stop()  # started here, so not the engine's to stop
     best = {name: max(values) for name, values in rates.items()}
     return {
         "records": records,
