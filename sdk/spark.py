@@ -1,0 +1,546 @@
+"""A gated Kafka source for PySpark Structured Streaming, and the Spark job's own commits.
+
+``GatedKafkaSource`` is a Python data source (``pyspark.sql.datasource``) registered as
+``gated-kafka``. It reads Kafka with confluent-kafka on the executors and never puts into a
+micro-batch a record at or beyond its gate's watermark: each batch ends, per partition, at
+min(end of the partition, watermark), capped further by ``maxOffsetsPerTrigger``::
+
+    from sdk.spark import GatedKafkaSource, ProgressCommitter
+
+    spark.dataSource.register(GatedKafkaSource)
+    spark.streams.addListener(ProgressCommitter({"bootstrap.servers": "kafka:9092"}, "enrich-job"))
+    payments = (
+        spark.readStream.format("gated-kafka")
+        .option("kafka.bootstrap.servers", "kafka:9092")
+        .option("subscribe", "payments")
+        .option("gate.name", "enrich-job")
+        .option("gate.redis.url", "redis://redis:6379/0")
+        .load()
+    )
+
+Options (those of Spark's JVM Kafka source where they fit):
+
+=============================  =============================================================
+``subscribe`` (or ``topic``)   topics, comma-separated (required)
+``kafka.<property>``           any librdkafka property (``kafka.bootstrap.servers`` required)
+``startingOffsets``            ``earliest`` (default), ``latest``, or JSON such as
+                               ``{"payments": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest)
+``maxOffsetsPerTrigger``       most records per micro-batch, spread over partitions
+``maxRecordsPerPartition``     split larger ranges over several Spark tasks (default 100000)
+``includeHeaders``             ``true`` adds the ``headers`` column (default ``false``)
+``gate.name``                  the gate (required unless ``gate.enabled`` is ``false``)
+``gate.redis.url``             follow the gate service through Redis (``gate.redis.prefix``)
+``gate.http.url``              follow the gate service's HTTP API (``gate.http.token``)
+``gate.dependsOn``             poll the admin API directly for these groups (comma-separated)
+``gate.pollIntervalMs``        embedded polling interval (default 200)
+``gate.enabled``               ``false`` turns gating off (reads up to the end)
+=============================  =============================================================
+
+The schema is the JVM source's: ``key``, ``value`` (binary), ``topic``, ``partition``,
+``offset``, ``timestamp``, ``timestampType``, and with ``includeHeaders`` ``headers``.
+Offsets are ``{"topic": {"partition": next offset}}`` with sorted keys, so an unchanged offset
+compares equal and a replayed batch reads the identical range.
+
+Spark calls a source's ``commit`` one batch late and never for a run's last batch, so the
+job's progress is committed to Kafka by :class:`ProgressCommitter`, a streaming query
+listener that runs after Spark has written its commit log: gates and services can then
+depend on the Spark job like on any consumer group.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from gate._watermark import Snapshot
+from sdk._options import CONSUMER_ONLY
+
+log = logging.getLogger("sdk.spark")
+
+NAME = "gated-kafka"
+SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int"
+)
+HEADERS = "headers array<struct<key: string, value: binary>>"
+EARLIEST, LATEST = -2, -1
+
+Offsets = dict[str, dict[str, int]]
+
+
+class SourceOptionError(ValueError):
+    """An option of the gated Kafka source is missing or invalid; the message names it."""
+
+
+def _bad(option: str, message: str) -> SourceOptionError:
+    return SourceOptionError(f"{NAME}: option '{option}' {message}")
+
+
+class _Settings:
+    """The source's options, parsed and validated when the query starts."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        lowered = {k.lower(): v for k, v in options.items()}
+        self.kafka = {
+            k[len("kafka.") :]: v for k, v in options.items() if k.lower().startswith("kafka.")
+        }
+        if not self.kafka.get("bootstrap.servers"):
+            raise _bad("kafka.bootstrap.servers", "is required")
+        topics = lowered.get("subscribe") or lowered.get("topic") or ""
+        self.topics = sorted({t.strip() for t in topics.split(",") if t.strip()})
+        if not self.topics:
+            raise _bad("subscribe", "is required (comma-separated topics)")
+        self.starting = self._starting(lowered.get("startingoffsets", "earliest"))
+        self.max_per_trigger = self._positive(
+            lowered, "maxoffsetspertrigger", "maxOffsetsPerTrigger", None
+        )
+        self.max_per_task = self._positive(
+            lowered, "maxrecordsperpartition", "maxRecordsPerPartition", 100_000
+        )
+        self.headers = self._boolean(lowered, "includeheaders", "includeHeaders", False)
+        self.gated = self._boolean(lowered, "gate.enabled", "gate.enabled", True)
+        self.gate_name = lowered.get("gate.name", "")
+        self.redis_url = lowered.get("gate.redis.url")
+        self.redis_prefix = lowered.get("gate.redis.prefix", "gate")
+        self.http_url = lowered.get("gate.http.url")
+        self.http_token = lowered.get("gate.http.token")
+        self.depends_on = [
+            g.strip() for g in lowered.get("gate.dependson", "").split(",") if g.strip()
+        ]
+        self.poll_interval = (
+            self._positive(lowered, "gate.pollintervalms", "gate.pollIntervalMs", 200) / 1000
+        )
+        if self.gated:
+            if not self.gate_name:
+                raise _bad("gate.name", "is required (or set gate.enabled to false)")
+            if not (self.redis_url or self.http_url or self.depends_on):
+                raise _bad("gate.redis.url", "or gate.http.url or gate.dependsOn is required")
+
+    def _starting(self, value: str) -> str | dict[str, dict[str, int]]:
+        value = value.strip()
+        if value.lower() in ("earliest", "latest"):
+            return value.lower()
+        try:
+            parsed = json.loads(value)
+            if not isinstance(parsed, dict):
+                raise ValueError
+            return {
+                t: {str(int(p)): int(o) for p, o in parts.items()} for t, parts in parsed.items()
+            }
+        except (ValueError, TypeError, AttributeError):
+            raise _bad(
+                "startingOffsets", 'must be earliest, latest or JSON like {"t": {"0": 5}}'
+            ) from None
+
+    @staticmethod
+    def _positive(options: Mapping[str, str], key: str, name: str, default: int | None) -> Any:
+        if key not in options:
+            return default
+        try:
+            value = int(options[key])
+        except ValueError:
+            raise _bad(name, f"must be a positive integer (got {options[key]!r})") from None
+        if value < 1:
+            raise _bad(name, f"must be a positive integer (got {value})")
+        return value
+
+    @staticmethod
+    def _boolean(options: Mapping[str, str], key: str, name: str, default: bool) -> bool:
+        value = options.get(key)
+        if value is None:
+            return default
+        if value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise _bad(name, f"must be true or false (got {value!r})")
+
+    def client_config(self) -> dict[str, str]:
+        return {k: v for k, v in self.kafka.items() if k not in CONSUMER_ONLY}
+
+
+class OffsetRange(InputPartition):
+    """One Spark task: records [start, end) of one Kafka partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches on the driver (offsets, gating) and reads ranges on executors."""
+
+    def __init__(self, options: Mapping[str, str], headers: bool) -> None:
+        self.settings = _Settings(options)  # fails when the query starts, naming the option
+        self.headers = headers
+        self._admin: AdminClient | None = None
+        self._gate: Any = None
+        self._target: Offsets | None = None
+
+    # Kafka clients and the gate's threads live on the driver only: never pickled to tasks.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_admin"] = state["_gate"] = None
+        return state
+
+    # ---- planning (driver) -------------------------------------------------------------
+
+    def _admin_client(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(self.settings.client_config())
+        return self._admin
+
+    def _partitions(self) -> dict[str, int]:
+        metadata = self._admin_client().list_topics(timeout=10)
+        counts = {}
+        for topic in self.settings.topics:
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None or not found.partitions:
+                raise RuntimeError(f"{NAME}: topic '{topic}' does not exist (or no longer does)")
+            counts[topic] = len(found.partitions)
+        return counts
+
+    def _bounds(self, counts: Mapping[str, int]) -> tuple[Offsets, Offsets]:
+        """Earliest and end offset of every partition (two admin requests)."""
+        admin = self._admin_client()
+        partitions = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
+        found: list[Offsets] = []
+        for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+            futures = admin.list_offsets({tp: spec for tp in partitions}, request_timeout=10)
+            offsets: Offsets = {}
+            for tp, future in futures.items():
+                offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result(
+                    timeout=15
+                ).offset
+            found.append(offsets)
+        return found[0], found[1]
+
+    def initialOffset(self) -> Offsets:
+        counts = self._partitions()
+        low, high = self._bounds(counts)
+        start: Offsets = {}
+        starting = self.settings.starting
+        for topic, partitions in high.items():
+            for partition in partitions:
+                if starting == "latest":
+                    offset = high[topic][partition]
+                elif isinstance(starting, dict) and partition in starting.get(topic, {}):
+                    given = starting[topic][partition]
+                    offset = {EARLIEST: low[topic][partition], LATEST: high[topic][partition]}.get(
+                        given, given
+                    )
+                else:
+                    offset = low[topic][partition]
+                start.setdefault(topic, {})[partition] = offset
+        return _sorted(start)
+
+    def _watermarks(self) -> Snapshot | None:
+        gate = self._gate
+        if gate is None:
+            from sdk._gating import EmbeddedSource, Gate, HttpSource, RedisSource
+
+            settings = self.settings
+            sources: list[Any] = []
+            if settings.redis_url:
+                sources.append(RedisSource(settings.redis_url, prefix=settings.redis_prefix))
+            if settings.http_url:
+                sources.append(HttpSource(settings.http_url, token=settings.http_token))
+            if settings.depends_on:
+                sources.append(
+                    EmbeddedSource(
+                        settings.client_config(),
+                        settings.topics,
+                        settings.depends_on,
+                        poll_interval=settings.poll_interval,
+                    )
+                )
+            gate = self._gate = Gate(settings.gate_name, sources).start()
+            gate.wait_for_snapshot(10)
+        return gate.snapshot
+
+    def _available(self, start: Offsets) -> Offsets:
+        """Per partition, how far a batch may go now: min(end, watermark)."""
+        counts = self._partitions()
+        low, high = self._bounds(counts)
+        snapshot = self._watermarks() if self.settings.gated else None
+        end: Offsets = {}
+        for topic, partitions in high.items():
+            for partition, top in partitions.items():
+                begin = start.get(topic, {}).get(partition)
+                if begin is None:
+                    # A partition added since the query started: it joins at its earliest offset
+                    # (an empty range now, read from the next batch), so replays stay identical.
+                    end.setdefault(topic, {})[partition] = low[topic][partition]
+                    continue
+                limit = top
+                if self.settings.gated:
+                    watermark = (
+                        None if snapshot is None else snapshot.watermark(topic, int(partition))
+                    )
+                    limit = min(limit, begin if watermark is None else max(begin, watermark))
+                end.setdefault(topic, {})[partition] = max(begin, limit)
+        return end
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        end = self._available(start)
+        if self._target is not None:  # Trigger.AvailableNow: never beyond the target
+            end = {
+                t: {p: min(o, self._target.get(t, {}).get(p, o)) for p, o in parts.items()}
+                for t, parts in end.items()
+            }
+        maximum = self.settings.max_per_trigger
+        if isinstance(limit, ReadMaxRows):
+            maximum = limit.max_rows
+        elif isinstance(limit, ReadAllAvailable):
+            maximum = None
+        if maximum is not None:
+            end = _cap(start, end, maximum)
+        return _sorted(end)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        maximum = self.settings.max_per_trigger
+        return ReadAllAvailable() if maximum is None else ReadMaxRows(maximum)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = None
+        self._target = self._available(self.initialOffset())
+
+    def reportLatestOffset(self) -> Offsets | None:
+        return None
+
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
+        ranges: list[InputPartition] = []
+        step = self.settings.max_per_task
+        for topic, partitions in sorted(end.items()):
+            for partition, stop in sorted(partitions.items(), key=lambda item: int(item[0])):
+                begin = start.get(topic, {}).get(partition, stop)
+                for first in range(begin, stop, step):
+                    ranges.append(
+                        OffsetRange(topic, int(partition), first, min(stop, first + step))
+                    )
+        return ranges
+
+    def commit(self, end: Offsets) -> None:
+        """Spark calls this a batch late; the job's Kafka commits come from ProgressCommitter."""
+
+    def stop(self) -> None:
+        if self._gate is not None:
+            self._gate.stop()
+
+    # ---- reading (executors) -----------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, OffsetRange)
+        config = self.settings.client_config()
+        config.update(
+            {
+                "group.id": f"{NAME}-reader",  # never commits: offsets are Spark's
+                "enable.auto.commit": "false",
+                "enable.partition.eof": "true",
+            }
+        )
+        consumer = Consumer(config)
+        try:
+            consumer.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
+            yield from self._records(consumer, partition)
+        finally:
+            consumer.close()
+
+    def _records(self, consumer: Consumer, task: OffsetRange) -> Iterator[tuple[Any, ...]]:
+        headers = self.headers
+        deadline = time.monotonic() + 120.0
+        while True:
+            messages = consumer.consume(10_000, 1.0)
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        if message.offset() >= task.end:
+                            return
+                        continue
+                    raise RuntimeError(
+                        f"{NAME}: reading {task.topic}[{task.partition}]: {error.str()}"
+                    )
+                offset = message.offset()
+                if offset >= task.end:  # never beyond the planned end: the gate's watermark
+                    return
+                kind, stamp = message.timestamp()
+                row = (
+                    message.key(),
+                    message.value(),
+                    task.topic,
+                    task.partition,
+                    offset,
+                    datetime.fromtimestamp(stamp / 1000, UTC) if kind else None,
+                    kind if kind else -1,
+                )
+                if headers:
+                    row += ([(k, v) for k, v in (message.headers() or [])],)
+                yield row
+                if offset + 1 >= task.end:
+                    return
+            if messages:
+                deadline = time.monotonic() + 120.0
+            elif time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{NAME}: {task.topic}[{task.partition}]: nothing below {task.end} for 120s"
+                )
+
+
+class GatedKafkaSource(DataSource):
+    """Register with ``spark.dataSource.register(GatedKafkaSource)``; format ``gated-kafka``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return f"{SCHEMA}, {HEADERS}" if self._headers() else SCHEMA
+
+    def _headers(self) -> bool:
+        return (
+            str(
+                self.options.get("includeHeaders", self.options.get("includeheaders", "false"))
+            ).lower()
+            == "true"
+        )
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return GatedKafkaStreamReader(self.options, self._headers())
+
+
+def _sorted(offsets: Offsets) -> Offsets:
+    return {t: {p: offsets[t][p] for p in sorted(offsets[t], key=int)} for t in sorted(offsets)}
+
+
+def _cap(start: Offsets, end: Offsets, maximum: int) -> Offsets:
+    """Spread at most ``maximum`` records over partitions, in proportion to what each has."""
+    available = {
+        (t, p): o - start.get(t, {}).get(p, o) for t, parts in end.items() for p, o in parts.items()
+    }
+    total = sum(n for n in available.values() if n > 0)
+    if total <= maximum:
+        return end
+    capped: Offsets = {}
+    given = 0
+    for (topic, partition), count in sorted(available.items()):
+        begin = start.get(topic, {}).get(partition, end[topic][partition])
+        share = (count * maximum) // total if count > 0 else 0
+        capped.setdefault(topic, {})[partition] = begin + share
+        given += share
+    # Hand out what rounding left, one record at a time, in a fixed order.
+    for (topic, partition), count in sorted(available.items()):
+        if given >= maximum:
+            break
+        begin = start.get(topic, {}).get(partition, end[topic][partition])
+        if capped[topic][partition] < begin + count:
+            capped[topic][partition] += 1
+            given += 1
+    return capped
+
+
+class ProgressCommitter(StreamingQueryListener):
+    """Commits each micro-batch's end offsets to a Kafka consumer group once Spark has made it
+    durable (``onQueryProgress`` fires after the commit log is written), so gates and services
+    can depend on the Spark job. ``query_name`` limits it to one query."""
+
+    def __init__(self, kafka: Mapping[str, Any], group: str, query_name: str | None = None) -> None:
+        self.kafka = {k: str(v) for k, v in kafka.items() if k not in CONSUMER_ONLY}
+        self.group = group
+        self.query_name = query_name
+        self._consumer: Consumer | None = None
+        self.committed: dict[tuple[str, int], int] = {}
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self.close()
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        if self.query_name is not None and progress.name != self.query_name:
+            return
+        for source in progress.sources:
+            if not source.endOffset:
+                continue
+            try:
+                offsets = json.loads(source.endOffset)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(offsets, dict):
+                self.commit(offsets)
+
+    def commit(self, offsets: Mapping[str, Mapping[str, int]]) -> None:
+        changed = [
+            TopicPartition(topic, int(partition), int(offset))
+            for topic, partitions in offsets.items()
+            if isinstance(partitions, Mapping)
+            for partition, offset in partitions.items()
+            if self.committed.get((topic, int(partition))) != int(offset)
+        ]
+        if not changed:
+            return
+        if self._consumer is None:
+            self._consumer = Consumer(
+                {**self.kafka, "group.id": self.group, "enable.auto.commit": "false"}
+            )
+        try:
+            self._consumer.commit(offsets=changed, asynchronous=False)
+        except KafkaException as exc:
+            log.warning(
+                "committing the Spark job's progress to %s failed (next batch retries): %s",
+                self.group,
+                exc,
+            )
+            return
+        for tp in changed:
+            self.committed[(tp.topic, tp.partition)] = tp.offset
+
+    def close(self) -> None:
+        """Closes the committing consumer (a later batch opens a new one)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+
+def kafka_ending_offsets(
+    snapshot: Snapshot,
+    topics: Sequence[str],
+    starting: Mapping[str, Mapping[str, int]] | None = None,
+) -> str:
+    """``endingOffsets`` JSON for Spark's JVM Kafka source (``spark.read.format("kafka")``),
+    capped at a gate's watermarks. A partition without a watermark (nothing released) ends
+    where it starts, so ``starting`` must give its starting offset."""
+    ending: dict[str, dict[str, int]] = {}
+    for (topic, partition), watermark in sorted(snapshot.watermarks.items()):
+        if topic not in topics:
+            continue
+        if watermark is None:
+            begin = (starting or {}).get(topic, {}).get(str(partition))
+            if begin is None:
+                raise ValueError(
+                    f"{topic}[{partition}] has no watermark (nothing released): give its start"
+                )
+            watermark = begin
+        ending.setdefault(topic, {})[str(partition)] = watermark
+    missing = [t for t in topics if t not in ending]
+    if missing:
+        raise ValueError(f"the gate's snapshot has no partitions of {', '.join(missing)}")
+    return json.dumps(ending, sort_keys=True)

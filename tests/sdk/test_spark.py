@@ -1,0 +1,287 @@
+"""The gated Kafka source on a local SparkSession (local[2]) and the real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+pyspark = pytest.importorskip("pyspark")
+
+from gate import GateService, Snapshot  # noqa: E402
+from gate._local import free_port  # noqa: E402
+from gate._serve import ServedGate  # noqa: E402
+from sdk.spark import GatedKafkaSource, ProgressCommitter, _cap, kafka_ending_offsets  # noqa: E402
+from tests.support import Kafka, gate_config, unique, wait_until  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this interpreter
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("gated-kafka-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.extraJavaOptions", "-Xss32m")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(GatedKafkaSource)
+    yield session
+    session.stop()
+
+
+def reader(spark, kafka: Kafka, topic: str, **options: str):  # type: ignore[no-untyped-def]
+    stream = (
+        spark.readStream.format("gated-kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("subscribe", topic)
+    )
+    for key, value in options.items():
+        stream = stream.option(key.replace("_", "."), value)
+    return stream.load()
+
+
+def test_batches_never_pass_the_dependencies_and_the_job_commits(spark, kafka: Kafka) -> None:
+    topic = kafka.create_topic(2)
+    dependency, job = unique("dep"), unique("spark-job")
+    kafka.produce(topic, {0: 120, 1: 120})
+    committed = {"value": {0: 10, 1: 25}}
+    kafka.commit(dependency, topic, committed["value"])
+    batches: list[tuple[dict[int, int], list[tuple[int, int]]]] = []
+
+    def each(frame, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        at_start = dict(committed["value"])  # what the dependency had committed by now
+        rows = [(r.partition, r.offset) for r in frame.select("partition", "offset").collect()]
+        batches.append((at_start, rows))
+
+    committer = ProgressCommitter({"bootstrap.servers": kafka.bootstrap}, job)
+    spark.streams.addListener(committer)
+    stream = reader(
+        spark,
+        kafka,
+        topic,
+        **{"gate.name": "job", "gate.dependsOn": dependency, "gate.pollIntervalMs": "50"},
+    )
+    query = (
+        stream.writeStream.foreachBatch(each)
+        .option("checkpointLocation", tempfile.mkdtemp())
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+
+    def read_so_far() -> int:
+        return sum(len(rows) for _, rows in batches)
+
+    try:
+        for step in ({0: 40, 1: 25}, {0: 80, 1: 90}, {0: 120, 1: 120}):
+            # Let the stream catch up with what the dependency committed, then advance it.
+            reached = sum(committed["value"].values())
+            wait_until(lambda r=reached: read_so_far() >= r, timeout=120, what=f"{reached} records")
+            time.sleep(1.0)  # more (empty) batches meanwhile: they must not pass the watermark
+            assert read_so_far() == reached, "read records the dependency had not committed past"
+            kafka.commit(dependency, topic, step)
+            committed["value"] = step
+        wait_until(
+            lambda: sum(len(rows) for _, rows in batches) >= 240, timeout=120, what="every record"
+        )
+        wait_until(
+            lambda: kafka.committed(job, topic, 2) == {0: 120, 1: 120},
+            timeout=30,
+            what="the job's commit",
+        )
+    finally:
+        query.stop()
+        spark.streams.removeListener(committer)
+        committer.close()
+    nonempty = [(limit, rows) for limit, rows in batches if rows]
+    assert len(nonempty) >= 4, "expected several micro-batches"
+    for limit, rows in nonempty:
+        beyond = [(p, o) for p, o in rows if o >= limit[p]]
+        assert beyond == [], (
+            f"batch has records the dependency had not committed past: {beyond[:5]}"
+        )
+    every = [record for _, rows in batches for record in rows]
+    assert sorted(every) == [(p, o) for p in range(2) for o in range(120)]
+    # the job's own group, seen through the admin API like any consumer group
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    result = kafka.admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(job, [TopicPartition(topic, 0), TopicPartition(topic, 1)])]
+    )[job].result(10)
+    assert {tp.partition: tp.offset for tp in result.topic_partitions} == {0: 120, 1: 120}
+
+
+def test_restart_from_the_checkpoint_writes_each_record_exactly_once(
+    spark, kafka: Kafka, tmp_path: Path
+) -> None:
+    topic = kafka.create_topic(2)
+    dependency = unique("dep")
+    kafka.produce(topic, {0: 60, 1: 60})
+    kafka.commit(dependency, topic, {0: 20, 1: 35})
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    options = {
+        "gate.name": "job",
+        "gate.dependsOn": dependency,
+        "gate.pollIntervalMs": "50",
+        "maxOffsetsPerTrigger": "16",
+    }
+
+    def run() -> None:
+        query = (
+            reader(spark, kafka, topic, **options)
+            .selectExpr("partition", "offset", "CAST(value AS STRING) AS value")
+            .writeStream.format("json")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+
+    run()
+    first = read_json(out)
+    assert sorted(first) == [(0, o) for o in range(20)] + [(1, o) for o in range(35)]
+    kafka.commit(dependency, topic, {0: 60, 1: 60})
+    run()  # a new query from the same checkpoint: continues exactly where the first stopped
+    run()  # nothing new: writes nothing
+    records = read_json(out)
+    assert sorted(records) == [(p, o) for p in range(2) for o in range(60)]
+
+
+def read_json(path: Path) -> list[tuple[int, int]]:
+    records = []
+    for file in path.glob("*.json"):
+        for line in file.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                records.append((row["partition"], row["offset"]))
+    return records
+
+
+def test_an_unreachable_watermark_source_gives_empty_batches_then_resumes(
+    spark, kafka: Kafka
+) -> None:
+    topic = kafka.create_topic(1)
+    dependency = unique("dep")
+    kafka.produce(topic, {0: 30})
+    kafka.commit(dependency, topic, {0: 30})
+    port = free_port()
+    seen: list[int] = []
+    stream = reader(
+        spark, kafka, topic, **{"gate.name": "job", "gate.http.url": f"http://127.0.0.1:{port}"}
+    )
+    query = (
+        stream.writeStream.foreachBatch(
+            lambda frame, _: seen.extend(r.offset for r in frame.select("offset").collect())
+        )
+        .option("checkpointLocation", tempfile.mkdtemp())
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+    try:
+        time.sleep(15)  # the gate service is not there: nothing may be read
+        assert seen == []
+        config = gate_config(
+            kafka.bootstrap, {"job": {"topics": [topic], "depends_on": [dependency]}}
+        )
+        with ServedGate(GateService(config), port=port):
+            wait_until(lambda: len(seen) == 30, timeout=60, what="reading once the gate is back")
+    finally:
+        query.stop()
+    assert sorted(seen) == list(range(30))
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"gate.name": "job", "gate.dependsOn": "dep", "subscribe": ""}, "option 'subscribe'"),
+        ({"gate.dependsOn": "dep"}, "option 'gate.name'"),
+        ({"gate.name": "job"}, "option 'gate.redis.url'"),
+        (
+            {"gate.name": "job", "gate.dependsOn": "dep", "maxOffsetsPerTrigger": "0"},
+            "option 'maxOffsetsPerTrigger'",
+        ),
+        (
+            {"gate.name": "job", "gate.dependsOn": "dep", "startingOffsets": "yesterday"},
+            "option 'startingOffsets'",
+        ),
+        ({"gate.enabled": "maybe"}, "option 'gate.enabled'"),
+    ],
+)
+def test_invalid_options_fail_when_the_query_starts(
+    spark, kafka: Kafka, options: dict, fragment: str
+) -> None:
+    stream = reader(
+        spark, kafka, "some-topic", **{k.replace(".", "_"): v for k, v in options.items()}
+    )
+    with pytest.raises(Exception, match=fragment):
+        query = (
+            stream.writeStream.format("console")
+            .option("checkpointLocation", tempfile.mkdtemp())
+            .start()
+        )
+        try:
+            query.awaitTermination(60)
+        finally:
+            query.stop()
+
+
+def test_a_deleted_topic_stops_the_query_with_a_clear_error(spark, kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 5})
+    stream = reader(spark, kafka, topic, **{"gate.enabled": "false"})
+    query = (
+        stream.writeStream.format("noop")
+        .option("checkpointLocation", tempfile.mkdtemp())
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+    try:
+        time.sleep(5)
+        for future in kafka.admin.delete_topics([topic]).values():
+            future.result(10)
+        with pytest.raises(Exception, match=f"topic '{topic}' does not exist"):
+            query.awaitTermination(60)
+    finally:
+        query.stop()
+
+
+def test_ending_offsets_for_the_jvm_kafka_source() -> None:
+    snapshot = Snapshot("job", 3, time.time(), {("t", 0): 23, ("t", 1): None, ("u", 0): 5})
+    assert json.loads(kafka_ending_offsets(snapshot, ["t"], {"t": {"1": 7}})) == {
+        "t": {"0": 23, "1": 7}
+    }
+    with pytest.raises(ValueError, match=r"t\[1\] has no watermark"):
+        kafka_ending_offsets(snapshot, ["t"])
+    with pytest.raises(ValueError, match="no partitions of v"):
+        kafka_ending_offsets(snapshot, ["v"])
+
+
+offsets = st.dictionaries(
+    st.sampled_from(["0", "1", "2", "3"]),
+    st.tuples(st.integers(0, 1000), st.integers(0, 1000)),
+    min_size=1,
+)
+
+
+@given(offsets, st.integers(1, 3000))
+def test_max_offsets_per_trigger_spreads_at_most_the_maximum(ranges: dict, maximum: int) -> None:
+    start = {"t": {p: a for p, (a, _) in ranges.items()}}
+    end = {"t": {p: a + b for p, (a, b) in ranges.items()}}
+    capped = _cap(start, end, maximum)
+    taken = {p: capped["t"][p] - start["t"][p] for p in ranges}
+    assert all(0 <= taken[p] <= end["t"][p] - start["t"][p] for p in ranges)
+    total = sum(end["t"][p] - start["t"][p] for p in ranges)
+    assert sum(taken.values()) == min(total, maximum)
