@@ -32,6 +32,8 @@ test: lint
 bench: $(VENV)/.installed
 	$(BIN)/python -m bench.gate_bench
 	$(BIN)/python -m bench.engine_bench
+	$(BIN)/python -m bench.gating_bench
+	$(BIN)/python -m bench.spark_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

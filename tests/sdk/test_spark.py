@@ -160,6 +160,39 @@ def test_restart_from_the_checkpoint_writes_each_record_exactly_once(
     assert sorted(records) == [(p, o) for p in range(2) for o in range(60)]
 
 
+def test_rows_follow_the_kafka_source_schema(spark, kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    producer = kafka.producer()
+    producer.produce(topic, key=b"k1", value=b"v1", headers=[("trace", b"\x00\xff"), ("n", None)])
+    producer.produce(topic, key=None, value=None, timestamp=1_700_000_000_123)  # tombstone
+    producer.produce(topic, key=b"\xff\xfe", value=b"x" * 200_000)
+    producer.flush(10)
+    name = unique("rows").replace("-", "_")
+    query = (
+        reader(spark, kafka, topic, includeHeaders="true", **{"gate.enabled": "false"})
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    rows = spark.sql(f"SELECT * FROM {name} ORDER BY offset").collect()
+    assert [r.offset for r in rows] == [0, 1, 2]
+    assert [(r.key, r.value and len(r.value)) for r in rows] == [
+        (b"k1", 2),
+        (None, None),
+        (b"\xff\xfe", 200_000),
+    ]
+    assert {r.topic for r in rows} == {topic} and {r.partition for r in rows} == {0}
+    assert [(h.key, h.value) for h in rows[0].headers] == [("trace", b"\x00\xff"), ("n", None)]
+    assert rows[1].headers == []
+    assert rows[1].timestamp.timestamp() == 1_700_000_000.123
+    assert {r.timestampType for r in rows} == {0}  # CreateTime
+    assert list(rows[0].asDict()) == [
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"
+    ]  # fmt: skip
+
+
 def read_json(path: Path) -> list[tuple[int, int]]:
     records = []
     for file in path.glob("*.json"):
