@@ -70,6 +70,8 @@ class RedisSettings(_Strict):
     url: SecretStr
     """``redis://``, ``rediss://`` (TLS) or ``unix://``; may carry a password."""
     prefix: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,100}$")] = "gate"
+    password: SecretStr | None = None
+    """Used when the URL carries none (e.g. from a Kubernetes Secret via GATE_REDIS_PASSWORD)."""
 
     @field_validator("url")
     @classmethod
@@ -180,6 +182,7 @@ ENV_OVERRIDES: Mapping[str, tuple[str, ...]] = {
     "GATE_POLL_INTERVAL_MS": ("poll_interval_ms",),
     "GATE_REDIS_URL": ("redis", "url"),
     "GATE_REDIS_PREFIX": ("redis", "prefix"),
+    "GATE_REDIS_PASSWORD": ("redis", "password"),
     "GATE_HTTP_HOST": ("http", "host"),
     "GATE_HTTP_PORT": ("http", "port"),
     "GATE_API_TOKEN": ("http", "api_token"),

@@ -110,11 +110,16 @@ class RedisPublisher:
         url: str,
         *,
         prefix: str = "gate",
+        password: str | None = None,
         client: aioredis.Redis | None = None,
     ) -> None:
         self.prefix = prefix
         self._client = client or aioredis.Redis.from_url(
-            url, socket_timeout=2.0, socket_connect_timeout=2.0, retry_on_timeout=False
+            url,
+            password=password,  # a password in the URL wins
+            socket_timeout=2.0,
+            socket_connect_timeout=2.0,
+            retry_on_timeout=False,
         )
         self._script = self._client.register_script(PUBLISH_SCRIPT)
         self._written: dict[str, int] = {}

@@ -45,7 +45,13 @@ class GateService:
             for name, spec in config.gates.items()
         }
         self.redis = (
-            RedisPublisher(config.redis.url.get_secret_value(), prefix=config.redis.prefix)
+            RedisPublisher(
+                config.redis.url.get_secret_value(),
+                prefix=config.redis.prefix,
+                password=config.redis.password.get_secret_value()
+                if config.redis.password
+                else None,
+            )
             if config.redis
             else None
         )

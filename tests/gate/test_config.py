@@ -66,6 +66,14 @@ def test_environment_overrides(tmp_path: Path) -> None:
     assert config.redis is not None and config.redis.url.get_secret_value().startswith("rediss://")
 
 
+def test_the_redis_password_comes_from_the_environment_and_stays_secret(tmp_path: Path) -> None:
+    env = {"GATE_REDIS_URL": "redis://redis:6379/0", "GATE_REDIS_PASSWORD": "hunter2-redis"}
+    config = load_config(write(tmp_path, EXAMPLE), env=env)
+    assert config.redis is not None and config.redis.password is not None
+    assert config.redis.password.get_secret_value() == "hunter2-redis"
+    assert "hunter2-redis" not in repr(config.redacted()) + repr(config)
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

@@ -11,8 +11,8 @@ import pytest
 import redis
 from confluent_kafka.admin import NewPartitions
 
-from gate import snapshot_from_hash, updates_channel, watermarks_key
-from gate._local import LocalBroker, LocalRedis
+from gate import Snapshot, parse_config, snapshot_from_hash, updates_channel, watermarks_key
+from gate._local import LocalBroker, LocalRedis, LocalServiceError
 from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 
 ARTICLE_B = {0: 30, 1: 30, 2: 10}
@@ -262,3 +262,78 @@ def test_redis_outage_and_restart_republishes(kafka: Kafka, local_redis: LocalRe
         local_redis.start()  # same port, empty memory
         wait_until(lambda: stored() == {0: 8}, timeout=20, what="republished after restart")
         assert "gate_redis_healthy 1.0" in httpx.get(f"{gate.url}/metrics").text
+
+
+def test_a_redis_password_from_the_environment_authenticates(kafka: Kafka) -> None:
+    server = LocalRedis(password="s3cret-pass")
+    try:
+        server.start()
+    except LocalServiceError as exc:
+        pytest.skip(f"needs a local redis-server process: {exc}")
+    try:
+        topic = kafka.create_topic(1)
+        group = unique("CG")
+        kafka.commit(group, topic, {0: 5})
+        bare_url = server.url.replace(":s3cret-pass@", "")
+        assert bare_url != server.url
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(bare_url).ping()
+        config = parse_config(
+            {
+                "kafka": {"bootstrap.servers": kafka.bootstrap},
+                "poll_interval_ms": 50,
+                "gates": {"a": {"topics": [topic], "depends_on": [group]}},
+                "http": {"port": 0},
+                "redis": {"url": bare_url},
+            },
+            env={"GATE_REDIS_PASSWORD": "s3cret-pass"},
+        )
+        assert config.redis is not None
+        key = watermarks_key(config.redis.prefix, "a")
+        client = redis.Redis.from_url(server.url)
+        with serve_gate(config) as gate:
+            wait_until(lambda: client.hget(key, f"{topic}:0") == b"5", what="authenticated write")
+            metrics = httpx.get(f"{gate.url}/metrics").text
+        assert "gate_redis_healthy 1.0" in metrics
+        assert "s3cret-pass" not in metrics
+    finally:
+        server.close()
+
+
+def test_several_replicas_publish_one_increasing_sequence(kafka: Kafka, redis_url: str) -> None:
+    topic = kafka.create_topic(2)
+    group = unique("CG")
+    kafka.commit(group, topic, {0: 1, 1: 1})
+    config = gate_config(
+        kafka.bootstrap,
+        {"a": {"topics": [topic], "depends_on": [group]}},
+        redis_url=redis_url,
+        poll_interval_ms=20,
+        heartbeat_ms=100,
+    )
+    assert config.redis is not None
+    client = redis.Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    pubsub.subscribe(updates_channel(config.redis.prefix, "a"))
+    received: list[Snapshot] = []
+    committed: list[int] = []
+    with serve_gate(config) as first, serve_gate(config) as second:
+        for offset in range(2, 40):
+            kafka.commit(group, topic, {0: offset, 1: offset})
+            committed.append(offset)
+            time.sleep(0.03)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.2)
+            if message and message["type"] == "message":
+                received.append(Snapshot.from_json(json.loads(message["data"])))
+                if received[-1].watermark(topic, 0) == 39:
+                    break
+        writes = [first.service.redis.writes, second.service.redis.writes]  # type: ignore[union-attr]
+    assert received and received[-1].watermark(topic, 0) == 39
+    versions = [s.version for s in received]
+    assert versions == sorted(set(versions)), "versions must strictly increase"
+    released = [s.watermark(topic, 0) or 0 for s in received]
+    assert released == sorted(released), "a replica published an older watermark over a newer"
+    assert all(w <= 39 for w in released)
+    assert all(count > 0 for count in writes), f"both replicas publish: {writes}"
