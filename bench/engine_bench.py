@@ -30,7 +30,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from rich.progress import track
+from rich.progress import Progress, track
 
 from bench._report import console, table, write
 from gate._local import LocalBroker
@@ -76,11 +76,15 @@ def produce(
         }
     )
     value = b"x" * 100
-    for i in range(count):
-        producer.produce(topic, key=key(i), value=value, partition=i % partitions)
-        if i % 50_000 == 0:
-            producer.poll(0)
-    producer.flush(60)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"producing {count:,} records to {topic}", total=count)
+        for i in range(count):
+            producer.produce(topic, key=key(i), value=value, partition=i % partitions)
+            if i % 50_000 == 0:
+                producer.poll(0)
+                progress.update(task, completed=i)
+        progress.update(task, completed=count, description="flushing")
+        producer.flush(60)
 
 
 def run_engine(

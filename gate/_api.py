@@ -7,19 +7,22 @@ into a long-poll. Errors are always JSON: ``{"error": <code>, "message": <one li
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,6 +33,8 @@ from gate._watermark import format_time
 
 log = logging.getLogger("gate.api")
 
+STATIC = FilePath(__file__).resolve().parent / "static"
+STATUS_PAGE = STATIC / "index.html"
 NOT_READY = 425
 """Status of ``/ready`` for a record that is not released yet (425 Too Early)."""
 
@@ -436,6 +441,33 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
             )
         return JSONResponse(gate_status_json(state))
 
+    @app.get(
+        "/status/{gate}/stream",
+        response_class=EventSourceResponse,
+        dependencies=protected,
+        summary="Server-sent events: the gate's status after every poll (the status page's feed)",
+    )
+    async def status_stream(
+        gate: Annotated[str, Path(max_length=200)],
+        interval: Annotated[float, Query(ge=0.1, le=60)] = 1.0,
+    ) -> AsyncIterator[ServerSentEvent]:
+        """Event ``status`` (id = version, data = what ``GET /status/{gate}`` returns) now
+        and after every poll, at most once per ``interval`` seconds."""
+        gate_state(gate)
+        version = -1
+        while True:
+            state = await service.store.wait_latest(gate, version, 15.0)
+            if state is None:
+                yield ServerSentEvent(comment="keep-alive")
+                continue
+            version = state.version
+            yield ServerSentEvent(
+                event="status",
+                id=str(version),
+                raw_data=json.dumps(gate_status_json(state), separators=(",", ":")),
+            )
+            await asyncio.sleep(interval)
+
     @app.get("/healthz", response_model=Probe, summary="Liveness: the process answers")
     async def healthz() -> Probe:
         return Probe(ok=True, detail="alive")
@@ -456,19 +488,29 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
-        return RedirectResponse("/docs")
+        """The status page: static, its data comes from the API (with the token if set)."""
+        return HTMLResponse(STATUS_PAGE.read_text(encoding="utf-8"))
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     return app
 
 
 def _gate_summary(state: GateState) -> dict[str, Any]:
     held = [f"{t}[{p}]" for (t, p), part in state.partitions.items() if part.watermark is None]
+    waiting = [
+        max(0, part.end_offset - (part.watermark or 0))
+        for part in state.partitions.values()
+        if part.end_offset is not None
+    ]
     return {
         "version": state.version,
         "polled_at": format_time(state.snapshot.polled_at),
         "age_s": round(state.snapshot.age(time.time()), 3),
         "partitions": len(state.partitions),
         "unreleased_partitions": held,
+        "held_partitions": sum(1 for w in waiting if w > 0),
+        "records_waiting": sum(waiting),
         "missing_topics": list(state.missing_topics),
         "groups": {g: s.value for g, s in state.groups.items()},
     }

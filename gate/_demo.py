@@ -270,6 +270,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                 bootstrap,
                 ("   redis ", "dim"),
                 redis_url or "off",
+                ("   status page ", "dim"),
+                f"{served.url}/",
                 ("   API ", "dim"),
                 f"{served.url}/docs",
                 ("   watermarks ", "dim"),

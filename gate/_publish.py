@@ -39,6 +39,7 @@ class SnapshotStore:
         self._published: dict[str, GateState] = {}
         self._published_at: dict[str, float] = {}
         self._events: dict[str, asyncio.Event] = {}
+        self._updates: dict[str, asyncio.Event] = {}
         self._any = asyncio.Event()
 
     def latest(self, gate: str) -> GateState | None:
@@ -55,6 +56,9 @@ class SnapshotStore:
         if current is not None and current.version >= state.version:
             return False
         self._latest[gate] = state
+        updated = self._updates.pop(gate, None)
+        if updated is not None:
+            updated.set()
         last = self._published.get(gate)
         due = (
             last is None
@@ -92,6 +96,20 @@ class SnapshotStore:
                 await asyncio.wait_for(self._event(gate).wait(), remaining)
             except TimeoutError:
                 return None
+
+    async def wait_latest(self, gate: str, after_version: int, timeout: float) -> GateState | None:
+        """Wait until any state newer than ``after_version`` is recorded, published or not
+        (None on timeout): the status page follows every poll, not only watermark changes."""
+        state = self._latest.get(gate)
+        if state is not None and state.version > after_version:
+            return state
+        event = self._updates.get(gate)
+        if event is None:
+            event = self._updates[gate] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+        state = self._latest.get(gate)
+        return state if state is not None and state.version > after_version else None
 
     async def wait_any(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -1,4 +1,4 @@
-"""The ``gate`` command: serve, check, demo.
+"""The ``gate`` command: serve, check, status, demo.
 
 Exit codes: 0 success, 1 a problem found or the service failed, 2 invalid configuration or
 usage. Errors are one readable line each, never a traceback.
@@ -106,6 +106,52 @@ def check(
         f"ok: {len(cfg.gates)} gate(s), {len(cfg.groups)} dependency group(s), "
         f"{len(cfg.topics)} topic(s)" + (f", {len(problems)} warning(s)" if problems else "")
     )
+
+
+@app.command()
+def status(
+    url: Annotated[
+        str, typer.Option(envvar="GATE_URL", help="The gate's HTTP address.")
+    ] = "http://127.0.0.1:8080",
+    gate: Annotated[str | None, typer.Option(help="Only this gate (default: all).")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="GATE_API_TOKEN", help="API token, when the gate requires one."),
+    ] = None,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(min=0.2, help="Seconds between refreshes.")] = 2.0,
+    limit: Annotated[int, typer.Option(min=1, help="Partitions shown per gate.")] = 20,
+) -> None:
+    """Show why services wait: per gate, the groups holding partitions back and by how much."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from gate._statusview import StatusClient, StatusError, render
+
+    client = StatusClient(url, token)
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+
+    def view():  # type: ignore[no-untyped-def]
+        service, details = client.collect(gate)
+        return render(service, details, limit)
+
+    try:
+        if not watch:
+            console.print(view())
+            return
+        with Live(view(), console=console, refresh_per_second=4, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                try:
+                    live.update(view())
+                except StatusError as exc:  # keep watching through a restart of the gate
+                    live.update(f"[red]{exc}[/] (retrying every {interval:g} s)")
+    except StatusError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from gate._local import free_port
-from tests.support import Kafka, unique, wait_until
+from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 
 GATE = [sys.executable, "-m", "gate.cli"]
 
@@ -177,4 +177,54 @@ def test_demo_runs_the_whole_story_and_stops_by_itself() -> None:
         # (it may lag behind it by a poll) and has processed something.
         assert cells["service-a"].isdigit() and 0 < int(cells["service-a"]) <= watermark, row
     assert "service-a processed" in output
+    assert_no_traceback(result)
+
+
+def test_status_explains_who_holds_which_partition(kafka: Kafka) -> None:
+    topic = kafka.create_topic(3)
+    kafka.produce(topic, {0: 40, 1: 40, 2: 40})
+    b, c = unique("service-b"), unique("service-c")
+    kafka.commit(b, topic, {0: 40, 1: 40, 2: 12})
+    kafka.commit(c, topic, {0: 40, 1: 25, 2: 30})
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b, c]}},
+        http={"host": "127.0.0.1", "port": 0, "api_token": "cli-token"},
+    )
+    with serve_gate(config) as gate:
+        wait_until(
+            lambda: (
+                httpx.get(
+                    f"{gate.url}/status/service-a", headers={"Authorization": "Bearer cli-token"}
+                ).status_code
+                == 200
+            )
+        )
+        result = run("status", "--url", gate.url, env={"GATE_API_TOKEN": "cli-token"})
+        refused = run("status", "--url", gate.url, env={"GATE_API_TOKEN": ""})
+        unknown = run("status", "--url", gate.url, "--gate", "nope", "--token", "cli-token")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "service-a: waits on 2 of 3 partitions" in out
+    lines = {line.split("│")[2].strip(): line for line in out.splitlines() if topic in line}
+    assert set(lines) == {"0", "1", "2"}
+    # Partition 2: watermark 12 held by B; partition 1: 25 held by C; 0: released.
+    assert lines["2"].split("│")[4].strip() == "12" and lines["2"].rstrip(" │").endswith(b)
+    assert lines["1"].split("│")[4].strip() == "25" and lines["1"].rstrip(" │").endswith(c)
+    assert not lines["0"].rstrip(" │").endswith((b, c))
+    assert out.index(f"│ {topic} │         2") < out.index(f"│ {topic} │         1")  # most first
+    assert refused.returncode == 1
+    assert (
+        refused.stderr.strip() == "gate: the gate requires an API token (--token or GATE_API_TOKEN)"
+    )
+    assert unknown.returncode == 1 and "no gate named 'nope' (gates: service-a)" in unknown.stderr
+    for each in (result, refused, unknown):
+        assert_no_traceback(each)
+
+
+def test_status_of_an_unreachable_gate_is_one_line() -> None:
+    result = run("status", "--url", f"http://127.0.0.1:{free_port()}")
+    assert result.returncode == 1
+    assert result.stderr.startswith("gate: cannot reach the gate at http://127.0.0.1:")
+    assert len(result.stderr.strip().splitlines()) == 1
     assert_no_traceback(result)

@@ -1,0 +1,357 @@
+// The gate's status page: summary first, then partitions, live from the status stream.
+"use strict";
+
+const ROW_LIMIT = 200;
+const state = {
+  token: sessionStorage.getItem("gate-token") || "",
+  gate: null,          // selected gate
+  status: null,        // latest GET /status/{gate} body
+  sort: { key: "waiting", desc: true },
+  showAll: false,
+  stream: null,        // AbortController of the running stream
+};
+
+const $ = (id) => document.getElementById(id);
+const fmt = (n) => (n === null || n === undefined ? "–" : Number(n).toLocaleString("en-US"));
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "text") node.textContent = value;
+    else if (key === "className") node.className = value;
+    else if (value !== undefined && value !== null) node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+class Unauthorized extends Error {}
+
+async function api(path, init = {}) {
+  const headers = { Accept: "application/json", ...(init.headers || {}) };
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  const response = await fetch(path, { ...init, headers });
+  if (response.status === 401) throw new Unauthorized();
+  return response;
+}
+
+// ---- service header and gate tabs -------------------------------------------------------
+
+async function refreshService() {
+  let body;
+  try {
+    const response = await api("/status");
+    body = await response.json();
+  } catch (error) {
+    if (error instanceof Unauthorized) return askForToken();
+    $("service").textContent = "unreachable";
+    $("service").dataset.state = "not-ready";
+    return;
+  }
+  $("login").hidden = true;
+  $("service").textContent = body.ready ? "ready" : "not ready";
+  $("service").dataset.state = body.ready ? "ready" : "not-ready";
+  $("service").title = body.detail;
+  const poll = body.last_poll;
+  $("poll").textContent = poll
+    ? `polls every ${fmt(body.poll_interval_ms)} ms · last took ${poll.duration_ms} ms` +
+      (poll.errors.length ? ` · ${poll.errors.length} error(s)` : "")
+    : "first poll pending";
+  $("redis").textContent = body.redis
+    ? `redis ${body.redis.healthy ? "ok" : "down: " + (body.redis.error || "")}` : "";
+  renderTabs(body.gates);
+}
+
+function renderTabs(gates) {
+  const names = Object.keys(gates);
+  const wanted = decodeURIComponent((location.hash.match(/gate=([^&]+)/) || [])[1] || "");
+  if (!state.gate || !names.includes(state.gate)) {
+    selectGate(names.includes(wanted) ? wanted : names[0]);
+  }
+  const nav = $("gates");
+  nav.replaceChildren(
+    ...names.map((name) => {
+      const summary = gates[name];
+      const held = !summary || summary.held_partitions > 0;
+      const button = el("button", { type: "button", "data-gate": name },
+        el("span", { className: "dot", "data-held": String(held) }), name);
+      if (name === state.gate) button.setAttribute("aria-current", "true");
+      button.addEventListener("click", () => selectGate(name));
+      return button;
+    }),
+  );
+}
+
+function selectGate(name) {
+  if (!name || name === state.gate) return;
+  state.gate = name;
+  state.status = null;
+  state.showAll = false;
+  history.replaceState(null, "", `#gate=${encodeURIComponent(name)}`);
+  for (const button of $("gates").querySelectorAll("button")) {
+    button.toggleAttribute("aria-current", button.dataset.gate === name);
+  }
+  follow(name);
+}
+
+// ---- the live feed: server-sent events read with fetch (so the token can be sent) --------
+
+async function follow(gate) {
+  if (state.stream) state.stream.abort();
+  const controller = new AbortController();
+  state.stream = controller;
+  let delay = 500;
+  while (!controller.signal.aborted) {
+    try {
+      const response = await api(`/status/${encodeURIComponent(gate)}/stream`, {
+        headers: { Accept: "text/event-stream" },
+        signal: controller.signal,
+      });
+      if (response.status === 404) {
+        showEmpty(`Gate ${gate} has no snapshot yet (first poll pending).`);
+      } else if (response.ok) {
+        setLive(true);
+        delay = 500;
+        await readEvents(response, (event, data) => {
+          if (event === "status") render(JSON.parse(data));
+        });
+      }
+    } catch (error) {
+      if (controller.signal.aborted) return;
+      if (error instanceof Unauthorized) return askForToken();
+    }
+    setLive(false);
+    await new Promise((resolve) => setTimeout(resolve, delay));
+    delay = Math.min(delay * 2, 10000);
+  }
+}
+
+async function readEvents(response, onEvent) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.search(/\r?\n\r?\n/)) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end).replace(/^\r?\n\r?\n/, "");
+      let event = "message";
+      const data = [];
+      for (const line of block.split(/\r?\n/)) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (data.length) onEvent(event, data.join("\n"));
+    }
+  }
+}
+
+function setLive(on) {
+  $("live").textContent = on ? "live" : "reconnecting…";
+  $("live").dataset.state = on ? "live" : "off";
+}
+
+// ---- rendering ----------------------------------------------------------------------------
+
+function waiting(part) {
+  if (part.end_offset === null || part.end_offset === undefined) return null;
+  return Math.max(0, part.end_offset - (part.watermark ?? 0));
+}
+
+function isHeld(part) {
+  const count = waiting(part);
+  return count === null ? part.watermark === null : count > 0;
+}
+
+// The groups at the watermark hold a partition back only while records are waiting there.
+function holders(part) {
+  return isHeld(part) ? part.holding : [];
+}
+
+function render(status) {
+  state.status = status;
+  $("empty").hidden = true;
+  $("gate").hidden = false;
+  $("updated").textContent = new Date().toLocaleTimeString();
+  const parts = status.partitions;
+  const groups = Object.keys(status.groups);
+  const held = parts.filter(isHeld);
+
+  // Per group: how many partitions it holds back and how far behind the end it is.
+  const perGroup = Object.fromEntries(groups.map((g) => [g, { holds: 0, total: 0, max: 0 }]));
+  for (const part of parts) {
+    for (const g of holders(part)) if (perGroup[g]) perGroup[g].holds += 1;
+    for (const [g, pos] of Object.entries(part.groups)) {
+      if (!perGroup[g] || pos.lag === null) continue;
+      perGroup[g].total += pos.lag;
+      perGroup[g].max = Math.max(perGroup[g].max, pos.lag);
+    }
+  }
+
+  $("card-partitions").textContent = fmt(parts.length);
+  $("card-held").textContent = fmt(held.length);
+  $("card-waiting").textContent = fmt(parts.reduce((sum, p) => sum + (waiting(p) || 0), 0));
+  $("card-version").textContent = status.version;
+  tickAge();
+
+  const culprits = groups.filter((g) => perGroup[g].holds > 0)
+    .sort((a, b) => perGroup[b].holds - perGroup[a].holds || perGroup[b].total - perGroup[a].total);
+  const verdict = $("verdict");
+  verdict.dataset.held = String(held.length > 0);
+  if (held.length === 0) {
+    verdict.textContent = `${status.gate}: every record is released; its dependencies have committed up to the end of every partition.`;
+  } else {
+    verdict.replaceChildren(`${status.gate} waits on ${held.length} of ${parts.length} partitions`,
+      culprits.length ? " for " : ".",
+      ...culprits.flatMap((g, i) => [
+        i ? ", " : "",
+        el("strong", { text: g }),
+        ` (${status.groups[g]}: holds ${perGroup[g].holds}, ${fmt(perGroup[g].total)} records behind)`,
+      ]),
+      culprits.length ? "." : "");
+  }
+  if (status.missing_topics.length) {
+    verdict.append(el("div", { className: "bad", text: `Missing topics: ${status.missing_topics.join(", ")}` }));
+  }
+
+  $("groups").tBodies[0].replaceChildren(...groups.map((g) => el("tr", { "data-group": g },
+    el("td", { text: g }),
+    el("td", {}, el("span", { className: "status", "data-status": status.groups[g], text: status.groups[g] })),
+    el("td", { className: "num", "data-field": "holds", text: fmt(perGroup[g].holds) }),
+    el("td", { className: "num", text: fmt(perGroup[g].total) }),
+    el("td", { className: "num", text: fmt(perGroup[g].max) }),
+  )));
+
+  const topics = {};
+  for (const part of parts) {
+    const t = (topics[part.topic] ||= { partitions: 0, held: 0, waiting: 0, by: {} });
+    t.partitions += 1;
+    if (isHeld(part)) t.held += 1;
+    t.waiting += waiting(part) || 0;
+    for (const g of holders(part)) t.by[g] = (t.by[g] || 0) + 1;
+  }
+  $("topics").tBodies[0].replaceChildren(...Object.entries(topics).map(([topic, t]) => {
+    const by = Object.entries(t.by).sort((a, b) => b[1] - a[1]).map(([g, n]) => `${g} (${n})`);
+    return el("tr", { "data-topic": topic },
+      el("td", { text: topic }),
+      el("td", { className: "num", text: fmt(t.partitions) }),
+      el("td", { className: "num", text: fmt(t.held) }),
+      el("td", { className: "num", text: fmt(t.waiting) }),
+      el("td", { className: "holding", text: by.join(", ") || "–" }));
+  }));
+
+  renderPartitions();
+}
+
+function columns() {
+  const groups = state.status ? Object.keys(state.status.groups) : [];
+  return [
+    { key: "topic", label: "topic", value: (p) => p.topic },
+    { key: "partition", label: "partition", num: true, value: (p) => p.partition },
+    { key: "end", label: "end offset", num: true, value: (p) => p.end_offset },
+    { key: "watermark", label: "watermark", num: true, value: (p) => p.watermark },
+    { key: "waiting", label: "records waiting", num: true, value: waiting },
+    ...groups.map((g) => ({
+      key: `group:${g}`, label: g, num: true, group: g,
+      value: (p) => (p.groups[g] ? p.groups[g].lag : null),
+    })),
+    { key: "holding", label: "held back by", value: (p) => holders(p).join(", ") },
+  ];
+}
+
+function renderPartitions() {
+  const status = state.status;
+  if (!status) return;
+  const cols = columns();
+  const head = $("partitions").tHead.rows[0];
+  head.replaceChildren(...cols.map((c) => {
+    const th = el("th", { "data-key": c.key, className: c.num ? "num" : "",
+      title: c.group ? `${c.group}: committed offset (how far behind the end)` : "" , text: c.label });
+    if (state.sort.key === c.key) th.setAttribute("aria-sort", state.sort.desc ? "descending" : "ascending");
+    th.addEventListener("click", () => {
+      state.sort = { key: c.key, desc: state.sort.key === c.key ? !state.sort.desc : c.num };
+      renderPartitions();
+    });
+    return th;
+  }));
+
+  const query = $("filter").value.trim().toLowerCase();
+  const onlyHeld = $("only-held").checked;
+  let rows = status.partitions.filter((p) => {
+    if (onlyHeld && !isHeld(p)) return false;
+    if (!query) return true;
+    const text = `${p.topic} ${p.topic}[${p.partition}] ${p.partition} ${Object.keys(p.groups).join(" ")}`;
+    return text.toLowerCase().includes(query);
+  });
+  const sortBy = cols.find((c) => c.key === state.sort.key) || cols[4];
+  const sign = state.sort.desc ? -1 : 1;
+  rows.sort((a, b) => {
+    const x = sortBy.value(a), y = sortBy.value(b);
+    if (x === y) return a.topic.localeCompare(b.topic) || a.partition - b.partition;
+    if (x === null || x === undefined) return 1;
+    if (y === null || y === undefined) return -1;
+    return (typeof x === "string" ? x.localeCompare(y) : x - y) * sign;
+  });
+  const total = rows.length;
+  if (!state.showAll) rows = rows.slice(0, ROW_LIMIT);
+  $("shown").textContent = `${fmt(rows.length)} of ${fmt(total)} partitions`;
+  $("more").hidden = rows.length >= total;
+
+  $("partitions").tBodies[0].replaceChildren(...rows.map((p) => el("tr",
+    { "data-topic": p.topic, "data-partition": p.partition, "data-held": String(isHeld(p)) },
+    el("td", { text: p.topic }),
+    el("td", { className: "num", text: p.partition }),
+    el("td", { className: "num", "data-field": "end", text: fmt(p.end_offset) }),
+    el("td", { className: "num", "data-field": "watermark", text: p.watermark === null ? "none" : fmt(p.watermark) }),
+    el("td", { className: "num", "data-field": "waiting", text: fmt(waiting(p)) }),
+    ...Object.keys(status.groups).map((g) => {
+      const pos = p.groups[g];
+      const cell = el("td", { className: "num", "data-group": g });
+      if (!pos) return cell;
+      cell.append(el("span", { "data-field": "committed", text: pos.committed === null ? "none" : fmt(pos.committed) }));
+      if (pos.lag) cell.append(el("span", { className: "sub", text: `−${fmt(pos.lag)}` }));
+      if (pos.status !== "OK") cell.append(el("span", { className: "sub status", "data-status": pos.status, text: pos.status }));
+      return cell;
+    }),
+    el("td", { className: "holding", "data-field": "holding", text: holders(p).join(", ") }),
+  )));
+}
+
+function tickAge() {
+  if (!state.status) return;
+  const age = Math.max(0, (Date.now() - Date.parse(state.status.polled_at)) / 1000);
+  $("card-age").textContent = age < 60 ? `${age.toFixed(1)} s` : `${Math.round(age / 60)} min`;
+}
+
+function showEmpty(text) {
+  $("gate").hidden = true;
+  $("empty").hidden = false;
+  $("empty").textContent = text;
+}
+
+function askForToken() {
+  setLive(false);
+  $("service").textContent = "token required";
+  $("service").dataset.state = "not-ready";
+  $("login").hidden = false;
+  if (state.token) $("login-error").textContent = "That token was refused.";
+}
+
+$("login").addEventListener("submit", (event) => {
+  event.preventDefault();
+  state.token = $("token").value.trim();
+  sessionStorage.setItem("gate-token", state.token);
+  $("login-error").textContent = "";
+  const gate = state.gate;
+  state.gate = null;
+  refreshService().then(() => { if (gate && !state.gate) selectGate(gate); });
+});
+$("filter").addEventListener("input", renderPartitions);
+$("only-held").addEventListener("change", renderPartitions);
+$("more").addEventListener("click", () => { state.showAll = true; renderPartitions(); });
+
+refreshService();
+setInterval(refreshService, 5000);
+setInterval(tickAge, 1000);

@@ -1,0 +1,182 @@
+"""The status page in real headless Chromium, against a gate on the real broker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gate._serve import ServedGate
+from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def chromium_path() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    executable = chromium_path()
+    if executable is None:
+        if os.environ.get("REQUIRE_BROWSER"):
+            pytest.fail("REQUIRE_BROWSER is set but no Chromium is installed")
+        pytest.skip("needs Chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        profile = tempfile.mkdtemp(prefix="chromium-")
+        context = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def scenario(kafka: Kafka) -> Iterator[tuple[ServedGate, str, str, str]]:
+    """Gate service-a on a 4-partition topic waiting for B (ahead) and C (behind on 1 and 3)."""
+    topic = kafka.create_topic(4)
+    kafka.produce(topic, {p: 50 for p in range(4)})
+    b, c = unique("service-b"), unique("service-c")
+    kafka.commit(b, topic, {0: 50, 1: 50, 2: 50, 3: 50})
+    kafka.commit(c, topic, {0: 50, 1: 20, 2: 50, 3: 35})
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b, c]}},
+        poll_interval_ms=100,
+    )
+    with serve_gate(config) as gate:
+        wait_until(lambda: httpx.get(f"{gate.url}/status/service-a").status_code == 200)
+        yield gate, topic, b, c
+
+
+def cell(page, topic: str, partition: int, selector: str) -> str:  # type: ignore[no-untyped-def]
+    return page.locator(
+        f'#partitions tr[data-topic="{topic}"][data-partition="{partition}"] {selector}'
+    ).inner_text()
+
+
+def test_the_page_shows_what_the_api_says_and_follows_it_live(
+    browser, scenario, kafka: Kafka
+) -> None:  # type: ignore[no-untyped-def]
+    gate, topic, b, c = scenario
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(gate.url + "/")
+    page.wait_for_selector("#partitions tbody tr")
+    page.wait_for_function("document.getElementById('live').dataset.state === 'live'")
+
+    # The numbers match the API.
+    api = httpx.get(f"{gate.url}/status/service-a").json()
+    assert len(api["partitions"]) == 4
+    for part in api["partitions"]:
+        p = part["partition"]
+        assert cell(page, topic, p, '[data-field="end"]') == f"{part['end_offset']:,}"
+        assert cell(page, topic, p, '[data-field="watermark"]') == f"{part['watermark']:,}"
+        for group, pos in part["groups"].items():
+            shown = cell(page, topic, p, f'td[data-group="{group}"] [data-field="committed"]')
+            assert shown == f"{pos['committed']:,}"
+    assert page.locator("#card-partitions").inner_text() == "4"
+    assert page.locator("#card-held").inner_text() == "2"
+    assert page.locator("#card-waiting").inner_text() == "45"  # (50-20) + (50-35)
+
+    # A blocked partition names the group holding it back, and the summary says who.
+    assert cell(page, topic, 1, '[data-field="holding"]') == c
+    assert cell(page, topic, 0, '[data-field="holding"]') == ""
+    assert c in page.locator("#verdict").inner_text()
+    assert page.locator(f'#groups tr[data-group="{c}"] [data-field="holds"]').inner_text() == "2"
+    assert page.locator(f'#groups tr[data-group="{b}"] [data-field="holds"]').inner_text() == "0"
+
+    # Sorted by records waiting, most first.
+    first = page.locator("#partitions tbody tr").first
+    assert first.get_attribute("data-partition") == "1"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "status-page.png"), full_page=True)
+
+    # C advances: the page follows without a reload.
+    page.evaluate("window.__loaded_once = true")
+    kafka.commit(c, topic, {0: 50, 1: 44, 2: 50, 3: 50})
+    page.wait_for_function(
+        """([topic]) => {
+            const row = document.querySelector(`#partitions tr[data-topic="${topic}"][data-partition="1"]`);
+            return row && row.querySelector('[data-field="watermark"]').textContent === "44";
+        }""",
+        arg=[topic],
+        timeout=15_000,
+    )
+    assert page.evaluate("window.__loaded_once") is True, "the page reloaded"
+    assert cell(page, topic, 3, '[data-field="holding"]') == ""
+    assert page.locator("#card-held").inner_text() == "1"
+    assert errors == []
+
+
+def test_sorting_filtering_and_many_partitions(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    topic = kafka.create_topic(300)
+    group = unique("dep")
+    kafka.commit(group, topic, {p: 0 for p in range(300)})
+    config = gate_config(kafka.bootstrap, {"big": {"topics": [topic], "depends_on": [group]}})
+    with serve_gate(config) as gate:
+        wait_until(lambda: httpx.get(f"{gate.url}/status/big").status_code == 200)
+        page = browser.new_page()
+        page.goto(gate.url + "/#gate=big")
+        page.wait_for_selector("#partitions tbody tr")
+        assert page.locator("#partitions tbody tr").count() == 200  # summary first, then a page
+        assert page.locator("#shown").inner_text() == "200 of 300 partitions"
+        page.click("#more")
+        assert page.locator("#partitions tbody tr").count() == 300
+        page.click('#partitions th[data-key="partition"]')
+        page.click('#partitions th[data-key="partition"]')  # descending, then ascending
+        assert page.locator("#partitions tbody tr").first.get_attribute("data-partition") == "0"
+        page.fill("#filter", f"{topic}[299]")
+        assert page.locator("#partitions tbody tr").count() == 1
+
+
+def test_the_page_asks_for_the_token_when_the_api_needs_one(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    topic = kafka.create_topic(1)
+    group = unique("dep")
+    kafka.commit(group, topic, {0: 0})
+    config = gate_config(
+        kafka.bootstrap,
+        {"a": {"topics": [topic], "depends_on": [group]}},
+        http={"host": "127.0.0.1", "port": 0, "api_token": "page-token"},
+    )
+    with serve_gate(config) as gate:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_selector("#login:not([hidden])")
+        page.fill("#token", "wrong")
+        page.click("#login button")
+        page.wait_for_function("document.getElementById('login-error').textContent !== ''")
+        page.fill("#token", "page-token")
+        page.click("#login button")
+        page.wait_for_selector("#partitions tbody tr")
+        assert page.locator("#login").is_hidden()
