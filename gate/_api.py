@@ -20,11 +20,11 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gate._service import GateService
@@ -35,6 +35,9 @@ log = logging.getLogger("gate.api")
 
 STATIC = FilePath(__file__).resolve().parent / "static"
 STATUS_PAGE = STATIC / "index.html"
+MAX_OFFSET = 2**53 - 1
+"""Largest offset the API accepts: JSON's safe integer (285 years at a million records per
+second), exact in every JSON implementation, so no client's rounding can cross the bound."""
 NOT_READY = 425
 """Status of ``/ready`` for a record that is not released yet (425 Too Early)."""
 
@@ -78,12 +81,16 @@ class ReadyAnswer(BaseModel):
 
 
 class RecordRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     topic: str = Field(min_length=1, max_length=249)
     partition: int = Field(ge=0, le=2**31 - 1)
-    offset: int = Field(ge=0, le=2**63 - 1)
+    offset: int = Field(ge=0, le=MAX_OFFSET)
 
 
 class BatchReadyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     gate: str = Field(min_length=1, max_length=200)
     records: list[RecordRef]
 
@@ -128,7 +135,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 MAX_PARTITION = 2**31 - 1
-MAX_OFFSET = 2**63 - 1
 
 
 def _query_parameter(
@@ -321,6 +327,11 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         response_model=BatchReadyAnswer,
         dependencies=protected,
         summary="Which of these records are released?",
+        responses={
+            400: {"model": ErrorBody, "description": "The body is not valid JSON."},
+            413: {"model": ErrorBody, "description": "The body is too large."},
+            **_ERRORS,
+        },
     )
     async def ready_batch(request: BatchReadyRequest) -> Response:
         """Readiness of many records of one gate at once; always 200, one result each."""
@@ -482,7 +493,13 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         ok, detail = service.readiness()
         return JSONResponse({"ok": ok, "detail": detail}, status_code=200 if ok else 503)
 
-    @app.get("/metrics", dependencies=protected, summary="Prometheus metrics")
+    @app.get(
+        "/metrics",
+        dependencies=protected,
+        summary="Prometheus metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
+    )
     async def metrics() -> Response:
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -563,7 +580,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed"}
+        codes = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
         return JSONResponse(
             {"error": codes.get(exc.status_code, "http_error"), "message": str(exc.detail)},
             status_code=exc.status_code,
