@@ -77,6 +77,8 @@ def http_bench(bootstrap: str, seconds: int, rounds: int) -> dict:
         config.write_text(
             f"kafka: {{bootstrap.servers: '{bootstrap}'}}\npoll_interval_ms: 1000\n"
             f"gates: {{a: {{topics: [{topic}], depends_on: [dep-b, dep-c]}}}}\n"
+            # One load generator on one address: a limit it never reaches, still enforced.
+            "http: {rate_limit_per_s: 1000000}\n"
         )
         server = subprocess.Popen(
             [sys.executable, "-m", "bench._gate_server", str(config), str(port)]

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gate._limits import RequestLimits
 from gate._service import GateService
 from gate._status import GateState
 from gate._watermark import format_time
@@ -131,6 +132,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong API token."},
     404: {"model": ErrorBody, "description": "Unknown gate, topic or partition."},
     422: {"model": ErrorBody, "description": "Invalid parameters."},
+    429: {"model": ErrorBody, "description": "Too many requests from this client."},
 }
 
 
@@ -244,6 +246,12 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
             CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"]
         )
     _install_error_handlers(app)
+    app.add_middleware(
+        RequestLimits,
+        max_body_bytes=settings.max_body_bytes,
+        rate=settings.rate_limit_per_s,
+        burst=settings.rate_limit_burst,
+    )
 
     def gate_state(gate: str) -> tuple[GateState | None, list[str]]:
         spec = service.config.gates.get(gate)

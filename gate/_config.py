@@ -91,6 +91,12 @@ class HttpSettings(_Strict):
     """Upper bound of a long-poll's ``wait`` parameter."""
     max_batch: int = Field(default=10_000, ge=1)
     """Most records a batch readiness request may ask about."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    """Larger request bodies are refused with 413."""
+    rate_limit_per_s: float | None = Field(default=5_000.0, gt=0)
+    """Requests per second per client address (null: no limit); beyond it, 429."""
+    rate_limit_burst: float | None = Field(default=None, gt=0)
+    """Requests a client may send at once (default: two seconds' worth)."""
 
 
 class StatusSettings(_Strict):
@@ -239,7 +245,7 @@ def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> Ga
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
         raise ConfigError([f"{path}: {where}invalid YAML ({problem})"]) from None
     return parse_config(data, source=str(path), env=env)
 
