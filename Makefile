@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench soak clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -34,6 +34,11 @@ bench: $(VENV)/.installed
 	$(BIN)/python -m bench.engine_bench
 	$(BIN)/python -m bench.gating_bench
 	$(BIN)/python -m bench.spark_bench
+
+# The three-service scenario on real processes for SOAK_SECONDS (default 600).
+SOAK_SECONDS ?= 600
+soak: $(VENV)/.installed
+	$(BIN)/python -m bench.soak --duration $(SOAK_SECONDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

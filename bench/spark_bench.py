@@ -13,10 +13,8 @@ Run: ``python -m bench.spark_bench [--quick]``.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
@@ -33,22 +31,10 @@ PARTITIONS = 4
 
 
 def session() -> Any:
-    from pyspark.sql import SparkSession
+    from sdk.spark import local_session
 
-    from sdk.spark import GatedKafkaSource
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("gated-kafka-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.extraJavaOptions", "-Xss32m")
-        .getOrCreate()
-    )
+    spark = local_session("gated-kafka-bench")
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(GatedKafkaSource)
     return spark
 
 

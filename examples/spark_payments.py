@@ -17,16 +17,15 @@ checkpoint.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sdk.spark import GatedKafkaSource, ProgressCommitter
+from sdk.spark import ProgressCommitter, local_session
 
 GROUP = "payments-report"
 PAYMENT = "payment long, amount long"
@@ -47,19 +46,7 @@ def main() -> int:
     parser.add_argument("--trigger", default="1 second", help="micro-batch interval")
     args = parser.parse_args()
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run this interpreter
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName(args.group)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        # Spark's stop handling matches long messages with a recursive regex: give it stack.
-        .config("spark.driver.extraJavaOptions", "-Xss32m")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(GatedKafkaSource)
+    spark = local_session(args.group)
     committer = ProgressCommitter({"bootstrap.servers": args.bootstrap}, args.group)
     spark.streams.addListener(committer)
 

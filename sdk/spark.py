@@ -546,6 +546,31 @@ class ProgressCommitter(StreamingQueryListener):
             consumer.close()
 
 
+def local_session(app_name: str = NAME, cores: int = 2) -> Any:
+    """A SparkSession in local mode with the gated source registered, for examples, tests and
+    trying things out. Executors run this Python interpreter, and the driver's JVM gets the
+    stack Spark's stop handling needs (a query stopped mid-batch otherwise prints a
+    ``StackOverflowError``). Set these options yourself for a cluster."""
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.driver.extraJavaOptions", "-Xss32m")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    session.dataSource.register(GatedKafkaSource)
+    return session
+
+
 def kafka_ending_offsets(
     snapshot: Snapshot,
     topics: Sequence[str],

@@ -174,6 +174,8 @@ def test_the_config_map_is_a_valid_gate_configuration(values: dict[str, Any]) ->
         assert config.redis.password is not None
         assert config.http.api_token is not None
         assert config.http.cors_origins == ["https://ops.example.com"]
+        assert config.http.max_body_bytes == 262144
+        assert config.http.rate_limit_per_s == 2000
 
 
 def test_secrets_are_referenced_never_written_into_the_config() -> None:
@@ -207,6 +209,12 @@ def test_inline_secrets_go_into_the_charts_own_secret() -> None:
     for kind in ("ConfigMap", "Deployment"):
         text = yaml.safe_dump(one(manifests, kind))
         assert "inline" not in text, f"a secret leaked into the {kind}"
+
+
+def test_the_rate_limit_can_be_turned_off() -> None:
+    data = rendered_config(render({"http": {"rateLimitPerSecond": None}}))
+    assert parse_config(data, env={}).http.rate_limit_per_s is None
+    assert parse_config(rendered_config(render()), env={}).http.rate_limit_per_s == 5000
 
 
 def test_a_config_change_rolls_the_pods() -> None:

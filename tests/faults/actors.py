@@ -8,8 +8,8 @@
 
 ``python -m tests.faults.actors dependent BOOTSTRAP TOPIC GROUP LOG REDIS_URL GATE_URL``
     Service A on the engine (KEY ordering, batch handler, gated through Redis then the gate's
-    HTTP API); logs ``start <wall time> <partition> <offset> <pid>`` when a batch begins, for
-    every record in it, and ``commit <wall time> <partition> <offset> <pid>`` after each
+    HTTP API); logs ``start <wall time> <partition> <offset> <pid> <record timestamp>`` when a
+    batch begins, for every record in it, and ``commit <wall time> <partition> <offset> <pid>`` after each
     commit. SIGTERM stops it gracefully.
 
 Every line is flushed at once, so a kill -9 loses nothing already logged.
@@ -102,7 +102,8 @@ def dependent(argv: list[str]) -> None:
     def handle(records: list) -> None:  # type: ignore[type-arg]
         now = time.time()
         for record in records:
-            log.write(f"start {now:.6f} {record.partition} {record.offset} {pid}")
+            produced = record.timestamp or 0.0
+            log.write(f"start {now:.6f} {record.partition} {record.offset} {pid} {produced:.3f}")
         time.sleep(rng.uniform(0.002, 0.01))
 
     def committed(offsets: dict[tuple[str, int], int]) -> None:

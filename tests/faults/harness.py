@@ -277,10 +277,29 @@ class Scenario:
 
     def _starts(self) -> list[tuple[float, int, int, int]]:
         return [
-            (float(t), int(p), int(o), int(pid))
-            for kind, t, p, o, pid in (x for x in self._lines("service-a.log") if len(x) == 5)
-            if kind == "start"
+            (float(x[1]), int(x[2]), int(x[3]), int(x[4]))
+            for x in self._lines("service-a.log")
+            if len(x) >= 5 and x[0] == "start"
         ]
+
+    def waits(self) -> list[tuple[float, float]]:
+        """Per start of A: (seconds since the record was produced, seconds since both
+        dependencies had committed past it)."""
+        index = {name: _CommitIndex(self.dependency_commits(name)) for name in DEPENDENCIES}
+        found = []
+        for x in self._lines("service-a.log"):
+            if len(x) == 6 and x[0] == "start":
+                started, p, o, produced = float(x[1]), int(x[2]), int(x[3]), float(x[5])
+                released = max(index[name].first_past(p, o) for name in DEPENDENCIES)
+                found.append((started - produced, started - released))
+        return found
+
+    def dependency_commits(self, name: str) -> list[tuple[float, int, int]]:
+        return sorted(
+            (float(t), int(p), int(o))
+            for kind, t, p, o in self._lines(f"{name}.log")
+            if kind == "commit"
+        )
 
     def report(
         self,
@@ -290,17 +309,10 @@ class Scenario:
         starts = sorted(self._starts())
         a_commits = sorted(
             (float(t), int(p), int(o))
-            for kind, t, p, o, _ in (x for x in self._lines("service-a.log") if len(x) == 5)
+            for kind, t, p, o, _ in (x[:5] for x in self._lines("service-a.log") if len(x) >= 5)
             if kind == "commit"
         )
-        commits = {
-            name: sorted(
-                (float(t), int(p), int(o))
-                for kind, t, p, o in self._lines(f"{name}.log")
-                if kind == "commit"
-            )
-            for name in DEPENDENCIES
-        }
+        commits = {name: self.dependency_commits(name) for name in DEPENDENCIES}
         index = {name: _CommitIndex(c) for name, c in commits.items()}
 
         violations = []
@@ -376,6 +388,12 @@ class _CommitIndex:
             self.offsets[p].append(o)
             previous = self.running[p][-1] if self.running[p] else -1
             self.running[p].append(max(previous, o))
+
+    def first_past(self, partition: int, offset: int) -> float:
+        """When a commit past ``offset`` was first sent (infinity: never)."""
+        running = self.running.get(partition, [])
+        i = bisect.bisect_right(running, offset)  # running maxima are sorted
+        return self.times[partition][i] if i < len(running) else float("inf")
 
     def past(self, partition: int, offset: int, before: float, since: float | None = None) -> bool:
         times = self.times.get(partition, [])

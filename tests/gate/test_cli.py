@@ -228,3 +228,19 @@ def test_status_of_an_unreachable_gate_is_one_line() -> None:
     assert result.stderr.startswith("gate: cannot reach the gate at http://127.0.0.1:")
     assert len(result.stderr.strip().splitlines()) == 1
     assert_no_traceback(result)
+
+
+def test_check_names_a_kafka_security_value_librdkafka_refuses(tmp_path: Path) -> None:
+    path = config_file(tmp_path, "127.0.0.1:1", "a:\n  topics: [t]\n  depends_on: [b]\n")
+    path.write_text(
+        path.read_text().replace(
+            "kafka:\n", "kafka:\n  security.protocol: SASL_WHAT\n  sasl.password: hunter2\n"
+        )
+    )
+    result = run("check", "--config", str(path))
+    assert result.returncode == 1
+    assert 'Invalid value "SASL_WHAT" for configuration property "security.protocol"' in (
+        result.stderr
+    )
+    assert "hunter2" not in result.stderr + result.stdout
+    assert_no_traceback(result)

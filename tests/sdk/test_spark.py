@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,25 +17,14 @@ pyspark = pytest.importorskip("pyspark")
 from gate import GateService, Snapshot  # noqa: E402
 from gate._local import free_port  # noqa: E402
 from gate._serve import ServedGate  # noqa: E402
-from sdk.spark import GatedKafkaSource, ProgressCommitter, _cap, kafka_ending_offsets  # noqa: E402
+from sdk.spark import ProgressCommitter, _cap, kafka_ending_offsets, local_session  # noqa: E402
 from tests.support import Kafka, gate_config, unique, wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[object]:
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this interpreter
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("gated-kafka-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.extraJavaOptions", "-Xss32m")
-        .getOrCreate()
-    )
+    session = local_session("gated-kafka-tests")
     session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(GatedKafkaSource)
     yield session
     session.stop()
 

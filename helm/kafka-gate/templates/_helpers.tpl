@@ -66,7 +66,7 @@ app.kubernetes.io/component: gate
 {{- if $gate.group }}{{ $_ := set $spec "group" $gate.group }}{{ end }}
 {{- $_ := set $gates $name $spec }}
 {{- end }}
-{{- $http := dict "host" "0.0.0.0" "port" (int .Values.service.port) "cors_origins" .Values.http.corsOrigins "max_wait_s" .Values.http.maxWaitSeconds "max_batch" (int .Values.http.maxBatch) }}
+{{- $http := dict "host" "0.0.0.0" "port" (int .Values.service.port) "cors_origins" .Values.http.corsOrigins "max_wait_s" .Values.http.maxWaitSeconds "max_batch" (int .Values.http.maxBatch) "max_body_bytes" (int .Values.http.maxBodyBytes) "rate_limit_per_s" .Values.http.rateLimitPerSecond }}
 {{- $status := dict "stall_after_ms" (int .Values.status.stallAfterMs) "lag_window_ms" (int .Values.status.lagWindowMs) "rewind_window_ms" (int .Values.status.rewindWindowMs) "rewind_policy" .Values.status.rewindPolicy }}
 {{- $config := dict "kafka" $kafka "poll_interval_ms" (int .Values.pollIntervalMs) "metadata_interval_ms" (int .Values.metadataIntervalMs) "request_timeout_ms" (int .Values.requestTimeoutMs) "heartbeat_ms" (int .Values.heartbeatMs) "gates" $gates "http" $http "status" $status }}
 {{- if .Values.redis.enabled }}
