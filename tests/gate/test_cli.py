@@ -244,3 +244,30 @@ def test_check_names_a_kafka_security_value_librdkafka_refuses(tmp_path: Path) -
     )
     assert "hunter2" not in result.stderr + result.stdout
     assert_no_traceback(result)
+
+
+def test_status_watch_follows_the_gate_until_interrupted(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 20})
+    group = unique("dep")
+    kafka.commit(group, topic, {0: 5})
+    config = gate_config(kafka.bootstrap, {"w": {"topics": [topic], "depends_on": [group]}})
+    with serve_gate(config) as gate:
+        wait_until(lambda: httpx.get(f"{gate.url}/status/w").status_code == 200)
+        process = subprocess.Popen(
+            [*GATE, "status", "--url", gate.url, "--watch", "--interval", "0.3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)
+        kafka.commit(group, topic, {0: 20})  # the dependency catches up while watched
+        time.sleep(2.0)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err
+    # Not a terminal: the last frame is printed. It was drawn after the commit, so the view
+    # refreshed (the first one, drawn before it, said the partition was held back).
+    assert "w: every record is released" in out
+    assert "waits on" not in out.split("w: every record is released")[-1]
+    assert "Traceback" not in out + err
