@@ -300,14 +300,16 @@ class GateEvaluator:
         states: dict[Partition, PartitionState] = {}
         for tp in partitions:
             watermark = watermarks[tp]
+            end = poll.end_offsets.get(tp)
+            # Groups at the watermark hold the partition back only while records wait there.
+            caught_up = watermark is not None and end is not None and watermark >= end
             holding = tuple(
                 group
                 for group in self.groups
-                if effective[group].get(tp) is None or effective[group][tp] == watermark
+                if not caught_up
+                and (effective[group].get(tp) is None or effective[group][tp] == watermark)
             )
-            states[tp] = PartitionState(
-                tp[0], tp[1], poll.end_offsets.get(tp), watermark, holding, positions[tp]
-            )
+            states[tp] = PartitionState(tp[0], tp[1], end, watermark, holding, positions[tp])
 
         previous = self._last
         snapshot = Snapshot(

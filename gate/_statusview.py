@@ -69,11 +69,6 @@ def is_held(part: Mapping[str, Any]) -> bool:
     return part["watermark"] is None if count is None else count > 0
 
 
-def holders(part: Mapping[str, Any]) -> list[str]:
-    """The groups at the watermark hold a partition back only while records wait there."""
-    return list(part["holding"]) if is_held(part) else []
-
-
 def _num(value: int | None) -> str:
     return "–" if value is None else f"{value:,}"
 
@@ -105,7 +100,7 @@ def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:
     partitions = status["partitions"]
     groups = list(status["groups"])
     held = [p for p in partitions if is_held(p)]
-    holds = {g: sum(1 for p in partitions if g in holders(p)) for g in groups}
+    holds = {g: sum(1 for p in partitions if g in p["holding"]) for g in groups}
     behind = {
         g: [p["groups"][g]["lag"] for p in partitions if g in p["groups"] and p["groups"][g]["lag"]]
         for g in groups
@@ -183,7 +178,7 @@ def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:
             "none" if p["watermark"] is None else _num(p["watermark"]),
             _num(waiting(p)),
             *cells,
-            Text(", ".join(holders(p)), style="yellow"),
+            Text(", ".join(p["holding"]), style="yellow"),
         )
     return [verdict, group_table, part_table]
 

@@ -165,11 +165,6 @@ function isHeld(part) {
   return count === null ? part.watermark === null : count > 0;
 }
 
-// The groups at the watermark hold a partition back only while records are waiting there.
-function holders(part) {
-  return isHeld(part) ? part.holding : [];
-}
-
 function render(status) {
   state.status = status;
   $("empty").hidden = true;
@@ -182,7 +177,7 @@ function render(status) {
   // Per group: how many partitions it holds back and how far behind the end it is.
   const perGroup = Object.fromEntries(groups.map((g) => [g, { holds: 0, total: 0, max: 0 }]));
   for (const part of parts) {
-    for (const g of holders(part)) if (perGroup[g]) perGroup[g].holds += 1;
+    for (const g of part.holding) if (perGroup[g]) perGroup[g].holds += 1;
     for (const [g, pos] of Object.entries(part.groups)) {
       if (!perGroup[g] || pos.lag === null) continue;
       perGroup[g].total += pos.lag;
@@ -230,7 +225,7 @@ function render(status) {
     t.partitions += 1;
     if (isHeld(part)) t.held += 1;
     t.waiting += waiting(part) || 0;
-    for (const g of holders(part)) t.by[g] = (t.by[g] || 0) + 1;
+    for (const g of part.holding) t.by[g] = (t.by[g] || 0) + 1;
   }
   $("topics").tBodies[0].replaceChildren(...Object.entries(topics).map(([topic, t]) => {
     const by = Object.entries(t.by).sort((a, b) => b[1] - a[1]).map(([g, n]) => `${g} (${n})`);
@@ -257,7 +252,7 @@ function columns() {
       key: `group:${g}`, label: g, num: true, group: g,
       value: (p) => (p.groups[g] ? p.groups[g].lag : null),
     })),
-    { key: "holding", label: "held back by", value: (p) => holders(p).join(", ") },
+    { key: "holding", label: "held back by", value: (p) => p.holding.join(", ") },
   ];
 }
 
@@ -315,7 +310,7 @@ function renderPartitions() {
       if (pos.status !== "OK") cell.append(el("span", { className: "sub status", "data-status": pos.status, text: pos.status }));
       return cell;
     }),
-    el("td", { className: "holding", "data-field": "holding", text: holders(p).join(", ") }),
+    el("td", { className: "holding", "data-field": "holding", text: p.holding.join(", ") }),
   )));
 }
 

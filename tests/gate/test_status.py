@@ -51,6 +51,16 @@ def test_article_example_with_holding_groups() -> None:
     assert behind == [{"group": "c", "committed": 23, "behind_by": 1, "status": "OK"}]
 
 
+def test_a_partition_released_to_its_end_is_held_by_no_one() -> None:
+    state = evaluator().observe(
+        poll(1.0, {"b": {0: 60, 1: 30}, "c": {0: 60, 1: 60}}, {0: 60, 1: 60})
+    )
+    assert state.partitions[("t", 0)].holding == ()  # both at the end: nothing waits
+    assert state.partitions[("t", 1)].holding == ("b",)
+    unknown_end = evaluator().observe(poll(1.0, {"b": {0: 60}, "c": {0: 60}}, partitions=1))
+    assert unknown_end.partitions[("t", 0)].holding == ("b", "c")
+
+
 def test_missing_group_holds_the_partition_and_is_reported() -> None:
     state = evaluator().observe(poll(1.0, {"b": {0: 5, 1: 5, 2: 5}, "c": {0: 5}}))
     assert state.snapshot.watermarks[("t", 1)] is None
