@@ -48,8 +48,8 @@ def _gate(config: dict[str, Any]) -> str:
     return next(iter(config["gates"]))
 
 
-# (where, bad value, field the message must name); ``where`` takes the config and returns the
-# mapping and key to overwrite.
+# (setting to overwrite, bad values, the field the message must name); ``gate.X`` is setting
+# X of one gate, whose message names ``gates.<gate>.<field>``.
 BREAKAGES: list[tuple[str, Any, Any]] = [
     ("poll_interval_ms", st.sampled_from(["fast", -1, 0, 5, 10**9, None]), "poll_interval_ms"),
     ("metadata_interval_ms", st.sampled_from(["x", 0, -5]), "metadata_interval_ms"),
@@ -65,14 +65,14 @@ BREAKAGES: list[tuple[str, Any, Any]] = [
 ]
 
 
-def _break(config: dict[str, Any], where: str, value: Any) -> str:
-    """Overwrite one field; returns the dotted path the error must name."""
+def _break(config: dict[str, Any], where: str, value: Any, field: str) -> str:
+    """Overwrite one field; returns the dotted name the error must start with."""
     if where.startswith("gate."):
         gate = _gate(config)
         config["gates"][gate][where[5:]] = value
-        return f"gates.{gate}.{where[5:]}"
+        return f"gates.{gate}.{field}"
     config[where] = value
-    return where
+    return field
 
 
 def check(config: dict[str, Any] | str) -> tuple[int, str]:
@@ -99,19 +99,15 @@ def test_valid_configurations_pass(config: dict[str, Any]) -> None:
 def test_each_broken_field_is_named_in_one_line(
     config: dict[str, Any], data: st.DataObject
 ) -> None:
-    where, values, _ = data.draw(st.sampled_from(BREAKAGES))
-    path = _break(config, where, data.draw(values))
+    where, values, field = data.draw(st.sampled_from(BREAKAGES))
+    expected = _break(config, where, data.draw(values), field)
     code, output = check(config)
     assert code == 2, output
     lines = [line for line in output.splitlines() if line.strip()]
     assert lines, "no message"
     assert all(line.startswith("gate: ") for line in lines), output
     assert "Traceback" not in output
-    top = path.split(".")[0]
-    assert any(
-        path in line or (top in line and top in ("redis", "http", "status", "kafka"))
-        for line in lines
-    ), f"{path} not named in: {output}"
+    assert any(f": {expected}" in line for line in lines), f"{expected} not named in: {output}"
 
 
 @FUZZ
