@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.progress import Progress, track
 
@@ -85,6 +85,27 @@ def produce(
                 progress.update(task, completed=i)
         progress.update(task, completed=count, description="flushing")
         producer.flush(60)
+
+
+def group_far_ahead(bootstrap: str, topic: str, partitions: int) -> tuple[str, list[int]]:
+    """A new consumer group committed beyond the end of every partition (a dependency that
+    has released everything), and the partitions' end offsets."""
+    group = f"far-ahead-{random.randrange(10**9)}"
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        ends = [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        ]
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, end + 10**6) for p, end in enumerate(ends)],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+    return group, ends
 
 
 def run_engine(

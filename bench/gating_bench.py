@@ -27,7 +27,15 @@ from confluent_kafka.admin import AdminClient
 from rich.progress import track
 
 from bench._report import console, summary_ms, table, write
-from bench.engine_bench import CONSUMER, Counter, FirstTimed, _wait, create_topic, produce
+from bench.engine_bench import (
+    CONSUMER,
+    Counter,
+    FirstTimed,
+    _wait,
+    create_topic,
+    group_far_ahead,
+    produce,
+)
 from gate._local import LocalBroker, LocalRedis, free_port
 from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, ParallelConsumer, RedisSource
 
@@ -205,18 +213,7 @@ def gating_cost(bootstrap: str, admin: AdminClient, records: int, rounds: int) -
     topic = f"cost-{random.randrange(10**9)}"
     create_topic(admin, topic, 12)
     produce(bootstrap, topic, records, lambda i: f"key-{i % 100_000}".encode(), partitions=12)
-    dependency = f"far-ahead-{random.randrange(10**9)}"
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": dependency, "enable.auto.commit": False}
-    )
-    ends = [
-        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(12)
-    ]
-    consumer.commit(
-        offsets=[TopicPartition(topic, p, end + 10**6) for p, end in enumerate(ends)],
-        asynchronous=False,
-    )
-    consumer.close()
+    dependency, _ = group_far_ahead(bootstrap, topic, 12)
     rates: dict[str, list[float]] = {"ungated": [], "gated": []}
     for _ in track(range(rounds), description="gated vs ungated", console=console):
         for name in rates:

@@ -19,12 +19,11 @@ import tempfile
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from rich.progress import track
 
 from bench._report import console, table, write
-from bench.engine_bench import create_topic, produce
+from bench.engine_bench import create_topic, group_far_ahead, produce
 from gate._local import LocalBroker
 
 PARTITIONS = 4
@@ -88,19 +87,7 @@ def main() -> None:
         topic = f"spark-{random.randrange(10**9)}"
         create_topic(admin, topic, PARTITIONS)
         produce(bootstrap, topic, records, lambda i: f"key-{i}".encode(), PARTITIONS)
-        dependency = f"far-ahead-{random.randrange(10**9)}"
-        consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": dependency, "enable.auto.commit": False}
-        )
-        ends = [
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(PARTITIONS)
-        ]
-        consumer.commit(
-            offsets=[TopicPartition(topic, p, end + 10**6) for p, end in enumerate(ends)],
-            asynchronous=False,
-        )
-        consumer.close()
+        dependency, ends = group_far_ahead(bootstrap, topic, PARTITIONS)
         modes = {
             "gating off": {"gate.enabled": "false"},
             "gated (embedded)": {"gate.name": "bench", "gate.dependsOn": dependency},
