@@ -25,6 +25,7 @@ _COUNTS = {
     "retried": "Failed attempts that were scheduled for retry.",
     "dead_lettered": "Records written to the dead-letter topic.",
     "skipped": "Records given up without a dead-letter topic (on_exhausted='skip').",
+    "stuck": "Records that failed for good with nowhere to go (each is held).",
     "restored_skips": "Records skipped because the offset map said they were done before.",
 }
 
@@ -48,6 +49,12 @@ class EngineCollector(Collector):
         )
         yield _gauge(
             "sdk_retrying_records", "Records waiting for a retry.", group, stats["retrying"]
+        )
+        yield _gauge(
+            "sdk_stuck_records",
+            "Records that failed for good with no dead-letter topic: held, never committed past.",
+            group,
+            stats["stuck"],
         )
         yield _gauge(
             "sdk_paused_partitions",

@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sdk._core import NOT_STARTED, Entry, Item
 from sdk._options import Options
 from sdk._record import DecodeError, Record, RetriableError
+from sdk._shards import NOT_STARTED, Entry, Item
 
 log = logging.getLogger("sdk.handler")
 
@@ -212,7 +212,11 @@ class ThreadRunner:
             if item is None:
                 return
             started = time.perf_counter()
-            results = run(item)
+            try:
+                results = run(item)
+            except BaseException as exc:  # never leave an item unreported (its shard waits)
+                log.exception("the worker failed running %d records", len(item.entries))
+                results = [exc] * len(item.entries)
             seconds = time.perf_counter() - started
             count = len(item.entries)
             latency.observe(seconds / count, 1 if self.work.batch else count)
@@ -286,16 +290,25 @@ class AsyncRunner:
             task.add_done_callback(self._tasks.discard)
 
     async def _run(self, item: Item) -> None:
+        """Run one item and always report it, whatever happens: a record the item did not
+        get to (the runner closing) is reported as not started."""
         started = time.perf_counter()
+        count = len(item.entries)
+        results: list[Any] = []
         try:
             if self.work.batch:
                 results = await self._run_batch(item.entries)
             else:
-                results = await self._run_single(item)
+                await self._run_single(item, results)
+        except asyncio.CancelledError:
+            pass  # the runner is closing
+        except BaseException as exc:
+            log.exception("the handler loop failed running %d records", count)
+            results += [exc] * (count - len(results))
         finally:
             self._running -= 1
+        results += [NOT_STARTED] * (count - len(results))
         seconds = time.perf_counter() - started
-        count = len(item.entries)
         self.latency.observe(seconds / count, 1 if self.work.batch else count)
         if not self._finished:  # results of one loop iteration cross threads together
             self.loop.call_soon(self._flush)
@@ -311,15 +324,18 @@ class AsyncRunner:
             outcome = self.work.handler(argument)
             if inspect.isawaitable(outcome):
                 await outcome
-        except asyncio.CancelledError:
-            raise  # the runner is closing
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # cancelled from outside: the runner is closing
+            return exc  # raised by the handler itself: a failure like any other
         except BaseException as exc:
             return exc
         return None
 
-    async def _run_single(self, item: Item) -> list[Any]:
+    async def _run_single(self, item: Item, results: list[Any]) -> None:
+        """Appends one result per record to ``results`` as it goes."""
         work = self.work
-        results: list[Any] = []
         stopped: set[object] = set()
         failed = False
         for entry in item.entries:
@@ -342,7 +358,6 @@ class AsyncRunner:
                 work.failed(record, error)
                 if work.ordered:
                     stopped.add(entry.shard)
-        return results
 
     async def _run_batch(self, entries: Sequence[Entry]) -> list[Any]:
         work = self.work

@@ -11,16 +11,43 @@ Checked after every step:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sdk._core import NOT_STARTED, Item, WorkCore
-from sdk._offsets import decode_offset_map
+from sdk._core import NOT_STARTED, Item, ItemShape, WorkCore
+from sdk._failures import FailurePolicy
+from sdk._offsets import decode_offset_map, read_offset_map
 from sdk._options import Ordering
 from sdk._record import TerminalError
+from sdk._shards import BLOCKED, DEAD, IDLE, READY, RUNNING, STUCK, WAITING
 
 TOPIC = "t"
+
+
+class Message(NamedTuple):
+    """What the core reads of a fetched confluent-kafka message."""
+
+    tp: tuple[str, int]
+    offset_: int
+    key_: bytes | None
+
+    def topic(self) -> str:
+        return self.tp[0]
+
+    def partition(self) -> int:
+        return self.tp[1]
+
+    def offset(self) -> int:
+        return self.offset_
+
+    def key(self) -> bytes | None:
+        return self.key_
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -29,18 +56,27 @@ class CoreMachine(RuleBasedStateMachine):
         null_keys=st.sampled_from(["ordered", "unordered"]),
         max_attempts=st.sampled_from([None, 1, 3]),
         on_exhausted=st.sampled_from(["dead_letter", "skip"]),
+        dead_letters=st.booleans(),
     )
     def setup(
-        self, ordering: Ordering, null_keys: str, max_attempts: int | None, on_exhausted: str
+        self,
+        ordering: Ordering,
+        null_keys: str,
+        max_attempts: int | None,
+        on_exhausted: str,
+        dead_letters: bool,
     ) -> None:
         self.ordering = ordering
         self.null_keys = null_keys
         self.core = WorkCore(
             ordering,
             null_keys=null_keys,
-            max_attempts=max_attempts,
-            retry_delay=lambda attempt, error: 0.5 * attempt,
-            on_exhausted=on_exhausted,
+            failures=FailurePolicy(
+                max_attempts=max_attempts,
+                retry_delay=lambda attempt, error: 0.5 * attempt,
+                on_exhausted=on_exhausted,
+                dead_letters=dead_letters,
+            ),
             buffer_limit=40,
             map_limit=200,
         )
@@ -51,13 +87,15 @@ class CoreMachine(RuleBasedStateMachine):
         self.last_commit: dict[tuple[str, int], int] = {}
         self.items: dict[int, Item] = {}
         self.dead_letters: list = []
+        self.stuck: list = []
         for p in range(2):
             self.assign((TOPIC, p), committed=None)
 
     def assign(
         self, tp: tuple[str, int], committed: int | None, completed: frozenset[int] = frozenset()
     ) -> None:
-        self.core.assign(tp, committed, completed, now=self.now)
+        ranges = [(o, o + 1) for o in sorted(completed)]
+        self.core.assign(tp, committed, ranges, now=self.now)
         self.records[tp] = {}
         self.complete_offsets[tp] = set(completed)
         self.next_offset.setdefault(tp, 0)
@@ -89,18 +127,24 @@ class CoreMachine(RuleBasedStateMachine):
         offset = self.next_offset[tp] + gap  # offsets need not be contiguous
         for key in keys:
             self.records[tp][offset] = key
-            self.core.add(tp, offset, key, None, ("payload", offset), self.now)
+            self.core.add_messages([Message(tp, offset, key)], self.now)
             offset += 1
         self.next_offset[tp] = offset
 
-    @rule(slots=st.integers(1, 4), item_size=st.integers(1, 4), run_max=st.integers(1, 4))
-    def take(self, slots: int, item_size: int, run_max: int) -> None:
+    @rule(
+        slots=st.integers(1, 4),
+        records=st.integers(1, 4),
+        run=st.integers(1, 4),
+        shards=st.integers(1, 4),
+    )
+    def take(self, slots: int, records: int, run: int, shards: int) -> None:
         # The shell only takes work when the core says some is ready: that must be true
         # whenever take() would find something (parked retries that are due included).
+        shape = ItemShape(records, run, shards)
         if not self.core.has_ready(self.now):
-            assert self.core.take(self.now, slots, item_size, run_max) == []
+            assert self.core.take(self.now, slots, shape) == []
             return
-        for item in self.core.take(self.now, slots, item_size, run_max):
+        for item in self.core.take(self.now, slots, shape):
             self.items[item.id] = item
             for entry in item.entries:
                 limit = self.core.partitions[entry.tp].limit
@@ -175,8 +219,9 @@ class CoreMachine(RuleBasedStateMachine):
                 )
                 if shard is not None:
                     failed_shards.add(shard)
-        for entry in self.core.complete(item_id, results, self.now):
-            self.dead_letters.append(entry)
+        outcome = self.core.complete(item_id, results, self.now)
+        self.dead_letters.extend(outcome.dead_letters)
+        self.stuck.extend(outcome.stuck)
         self._record_skips()
 
     def given_up(self, tp: tuple[str, int]) -> set[int]:
@@ -187,6 +232,7 @@ class CoreMachine(RuleBasedStateMachine):
         for tp, partition in self.core.partitions.items():
             registered = set(self.records[tp])
             incomplete = set(partition.pending) - partition.done
+            incomplete |= {o for o in registered if o > partition.highest}
             for offset in registered - incomplete:
                 self.complete_offsets[tp].add(offset)
 
@@ -209,7 +255,11 @@ class CoreMachine(RuleBasedStateMachine):
     @rule()
     def commit(self) -> None:
         self.collect()
-        for commit in self.core.commits():
+        self.core.refresh_offset_maps()
+        commits = self.core.commit_points()
+        self.core.commits_sent(commits)
+        assert self.core.commit_points() == [], "a query changed what it answers"
+        for commit in commits:
             registered = self.records[commit.tp]
             incomplete = [
                 o
@@ -235,14 +285,21 @@ class CoreMachine(RuleBasedStateMachine):
             return
         self.core.revoke([tp])
         self.collect()
-        final = self.core.commits([tp])
+        self.core.refresh_offset_maps()
+        final = self.core.commit_points([tp])
+        self.core.commits_sent(final)
         committed = final[0].offset if final else self.last_commit.get(tp)
         completed: frozenset[int] = frozenset()
-        metadata = final[0].metadata if final else self.core.partitions[tp].last_map
+        metadata = final[0].metadata if final else self.core.partitions[tp].sent[1]
         if metadata:
             _, completed = decode_offset_map(metadata)
+            assert read_offset_map(metadata)[1] == [(o, o + 1) for o in sorted(completed)] or (
+                {o for a, b in read_offset_map(metadata)[1] for o in range(a, b)} == completed
+            )
         self.core.drop([tp])
         self.dead_letters = [e for e in self.dead_letters if e.tp != tp]
+        self.stuck = [e for e in self.stuck if e.tp != tp]
+        assert not any(shard.part.tp == tp for shard in self.core.parked()), "a timer outlived"
         self.assign(tp, committed, completed)
 
     # ---- invariants ---------------------------------------------------------------------
@@ -274,7 +331,50 @@ class CoreMachine(RuleBasedStateMachine):
             return
         for tp, partition in self.core.partitions.items():
             incomplete = {o for o in self.records[tp] if o not in self.complete_offsets[tp]}
-            assert partition.held == len(incomplete), (tp, partition.held, sorted(incomplete))
+            assert partition.incomplete == len(incomplete), (tp, partition.incomplete)
+            # Held: everything from the lowest incomplete on, completed beyond it included.
+            low = min(incomplete, default=None)
+            held = 0 if low is None else sum(1 for o in self.records[tp] if o >= low)
+            assert partition.held == held, (tp, partition.held, held)
+
+    @invariant()
+    def every_shard_is_in_the_container_of_its_state(self) -> None:
+        if not hasattr(self, "core"):
+            return
+        scheduler = self.core.scheduler
+        ready = list(scheduler.ready)
+        parked = self.core.parked()
+        assert len(set(map(id, ready))) == len(ready), "a shard is twice in the ready queue"
+        assert len(set(map(id, parked))) == len(parked), "a shard is twice in the timers"
+        blocked = [s for p in self.core.partitions.values() for s in p.blocked]
+        running = {id(e.shard) for item in self.core.outstanding.values() for e in item.entries}
+        for shard in scheduler.shards.values():
+            assert shard.part.tp in self.core.partitions and not shard.part.dead
+            state = shard.state
+            assert (state == READY) == any(s is shard for s in ready), shard
+            assert (state == WAITING) == any(s is shard for s in parked), shard
+            assert (state == BLOCKED) == any(s is shard for s in blocked), shard
+            if state in (READY, WAITING, BLOCKED, STUCK):
+                assert shard.queue, f"{shard} has no records"
+            if state == IDLE and self.ordering is not Ordering.UNORDERED:
+                assert not shard.queue, f"{shard} is idle with records"
+            if state == RUNNING:
+                assert id(shard) in running, f"{shard} runs without an item"
+            if state == STUCK:
+                assert shard.queue[0] in self.core.stuck
+            assert state != DEAD
+        for shard in ready + parked:
+            assert not shard.part.revoked, f"{shard} of a revoked partition is scheduled"
+
+    @invariant()
+    def stuck_records_are_never_committed_past(self) -> None:
+        if not hasattr(self, "core"):
+            return
+        for entry in self.stuck:
+            part = self.core.partitions.get(entry.tp)
+            if part is not None and part is entry.part:
+                committable = part.committable()
+                assert committable is not None and committable <= entry.offset
 
     def teardown(self) -> None:
         """Liveness: with the limits lifted and every handler succeeding, all completes."""
@@ -284,12 +384,14 @@ class CoreMachine(RuleBasedStateMachine):
             self.core.set_limit(tp, None)
         for entry in self.dead_letters:
             self.core.dead_lettered(entry, self.now)
+        if self.core.stuck:
+            return  # held for good by design: liveness is about everything else
         for item_id in list(self.items):
             item = self.items.pop(item_id)
             self.core.complete(item_id, [None] * len(item.entries), self.now)
         for _ in range(500):
             self.now += 100.0
-            items = self.core.take(self.now, 10, 4, 4)
+            items = self.core.take(self.now, 10, ItemShape(4, 4, 4))
             if not items and not self.core.dead_letter_pending:
                 break
             for item in items:

@@ -398,13 +398,13 @@ def test_a_handler_slower_than_max_poll_interval_causes_no_rebalance(kafka: Kafk
         Options(ordering=Ordering.PARTITION),
         registry=None,
     )
-    original = engine._on_assign
+    original = engine._rebalancer.on_assign
 
     def on_assign(consumer, partitions):  # type: ignore[no-untyped-def]
         assignments.append(time.monotonic())
         original(consumer, partitions)
 
-    engine._on_assign = on_assign  # type: ignore[method-assign]
+    engine._rebalancer.on_assign = on_assign  # type: ignore[method-assign]
     engine.start()
     try:
         wait_until(lambda: len(recorder.done()) == 3, timeout=60, what="records")

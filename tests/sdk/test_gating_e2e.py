@@ -252,8 +252,11 @@ def test_a_closed_gate_causes_no_rebalance(kafka: Kafka, closed_for: float) -> N
         gate=gate,
         registry=None,
     )
-    original = engine._on_assign
-    engine._on_assign = lambda c, p: (assignments.append(time.monotonic()), original(c, p))  # type: ignore[method-assign]
+    original = engine._rebalancer.on_assign
+    engine._rebalancer.on_assign = lambda c, p: (
+        assignments.append(time.monotonic()),
+        original(c, p),
+    )  # type: ignore[method-assign]
     engine.start()
     try:
         time.sleep(closed_for)  # longer than max.poll.interval.ms, with everything held

@@ -1,0 +1,210 @@
+"""The state of one assigned partition: what is held, what may be committed, and its map.
+
+* **Held** records are every offset registered from the lowest incomplete one on: buffered,
+  in flight, parked for retry, stuck, *and* completed beyond the lowest incomplete one (they
+  are remembered until the commit passes them). That count is what the memory bound limits.
+* The **committable** offset is the lowest incomplete offset, or one past the highest
+  registered offset when none is incomplete - never derived from the fetch position.
+* The **offset map** lists the completed offsets beyond it; it is re-encoded only when they
+  changed, and while it is near its size limit records beyond its end may not start.
+* **Restored** ranges come from the map found at assignment: offsets completed before a
+  restart, skipped (as completed) when they are fetched again. They are ranges, consumed as
+  the fetch moves past them, so a map describing millions of offsets costs only its runs.
+* **Fetch** is what librdkafka was last told about fetching this partition: UNKNOWN right
+  after assignment (librdkafka keeps an application's pause across a re-assignment, so the
+  first decision is always sent), then FETCHING or PAUSED.
+
+Pure: no I/O, time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sdk._offsets import Ranges, encode_offset_map
+
+if TYPE_CHECKING:
+    from sdk._shards import Entry, Shard
+
+TP = tuple[str, int]
+
+UNKNOWN, FETCHING, PAUSED = range(3)
+
+
+@dataclass
+class Counts:
+    """Lifetime statistics per partition (for metrics; never used to take decisions)."""
+
+    processed: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    skipped: int = 0
+    restored_skips: int = 0
+    stuck: int = 0
+
+
+class PartitionState:
+    """One assignment of one partition (a new object for every assignment)."""
+
+    __slots__ = (
+        "blocked",
+        "blocked_since",
+        "counts",
+        "dead",
+        "done",
+        "done_changes",
+        "fetch",
+        "head_since",
+        "highest",
+        "limit",
+        "map_base",
+        "map_cap",
+        "map_changes",
+        "map_text",
+        "pending",
+        "restored",
+        "revoked",
+        "sent",
+        "start",
+        "tp",
+    )
+
+    def __init__(
+        self, tp: TP, start: int | None, restored: Ranges, counts: Counts, now: float
+    ) -> None:
+        self.tp = tp
+        self.counts = counts
+        self.start = start
+        self.revoked = False  # no new work: in-flight records may still finish
+        self.dead = False  # dropped: anything still referring to it is stale
+        self.pending: deque[int] = deque()  # registered offsets from the lowest incomplete on
+        self.done: set[int] = set()  # completed offsets beyond the lowest incomplete
+        self.done_changes = 0  # bumped whenever ``done`` changes
+        self.highest = -1
+        self.restored = deque(r for r in restored if start is None or r[1] > start)
+        self.limit: int | None = None  # release limit (watermark); None: everything
+        self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
+        self.blocked_since: float | None = None
+        self.head_since = now  # when the lowest incomplete offset became the lowest
+        self.map_cap: int | None = None  # records beyond it wait while the map is near full
+        self.map_base: int | None = None  # the committable offset ``map_text`` was built for
+        self.map_text = ""
+        self.map_changes = -1  # ``done_changes`` when ``map_text`` was built
+        self.sent: tuple[int | None, str] = (start, "")  # last commit handed out
+        self.fetch = UNKNOWN
+
+    # ---- held and completed -------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        """Records this partition holds in memory (completed beyond the head included)."""
+        return len(self.pending)
+
+    @property
+    def incomplete(self) -> int:
+        return len(self.pending) - len(self.done)
+
+    def was_completed(self, offset: int) -> bool:
+        """Whether the offset map restored at assignment says ``offset`` was completed
+        (consumes the ranges the fetch has moved past: offsets are fetched in order)."""
+        restored = self.restored
+        while restored and restored[0][1] <= offset:
+            restored.popleft()
+        return bool(restored) and restored[0][0] <= offset
+
+    def complete(self, offset: int, now: float) -> None:
+        """``offset`` is done: processed, dead-lettered (acknowledged) or skipped by policy."""
+        pending = self.pending
+        if pending and pending[0] == offset:
+            pending.popleft()
+            done = self.done
+            if done:
+                while pending and pending[0] in done:
+                    done.remove(pending.popleft())
+                self.done_changes += 1
+            self.head_since = now
+        else:
+            self.done.add(offset)
+            self.done_changes += 1
+
+    # ---- commits and the offset map -----------------------------------------------------
+
+    def committable(self) -> int | None:
+        if self.pending:
+            return self.pending[0]
+        if self.highest >= 0:
+            return self.highest + 1
+        return self.start
+
+    def refresh_map(self, limit: int) -> bool:
+        """Re-encode the offset map if the completed offsets changed; update the cap.
+        Returns whether the cap was lifted (blocked shards may go again)."""
+        base = self.committable()
+        if base == self.map_base and self.done_changes == self.map_changes:
+            return False
+        self.map_base, self.map_changes = base, self.done_changes
+        cap = None
+        if not self.done or base is None:
+            self.map_text = ""
+        else:
+            encoded = encode_offset_map(base, self.done, limit)
+            self.map_text = encoded or ""
+            if encoded is None or len(encoded) > 0.75 * limit:
+                cap = max(self.done)
+        lifted = self.map_cap is not None and cap is None
+        self.map_cap = cap
+        return lifted
+
+    def offset_map(self, offset: int) -> str:
+        """The map to commit with ``offset``: only one built for exactly that offset."""
+        return self.map_text if self.map_base == offset else ""
+
+    def wanted_fetch(self, share: int, pressure: bool) -> int:
+        """PAUSED at its share of the buffer (or under pressure), FETCHING at half of it or
+        less; in between, as it is (FETCHING when unknown)."""
+        held = len(self.pending)
+        if pressure or held >= share:
+            return PAUSED
+        if held <= share // 2 or self.fetch == UNKNOWN:
+            return FETCHING
+        return self.fetch
+
+    # ---- release limit ------------------------------------------------------------------
+
+    def release_limit(self) -> int | None:
+        """Records at or beyond this offset may not start (the watermark, or the map cap)."""
+        limit, cap = self.limit, self.map_cap
+        if cap is not None and (limit is None or limit > cap + 1):
+            return cap + 1
+        return limit
+
+    # ---- introspection ------------------------------------------------------------------
+
+    def view(self, now: float, in_flight: int, retrying: int, stuck: list[Entry]) -> dict[str, Any]:
+        blocking = self.pending[0] if self.pending else None
+        return {
+            "held": self.held,
+            "incomplete": self.incomplete,
+            "in_flight": in_flight,
+            "retrying": retrying,
+            "stuck": [(e.offset, f"{type(e.last_error).__name__}: {e.last_error}") for e in stuck],
+            "buffered": max(0, self.incomplete - in_flight - retrying - len(stuck)),
+            "incomplete_beyond_head": len(self.done),
+            "committable": self.committable(),
+            "blocking_offset": blocking,
+            "blocked_for": (now - self.head_since) if blocking is not None else 0.0,
+            "limit": self.limit,
+            "gate_held": self.gate_held(),
+            "held_for": 0.0 if self.blocked_since is None else now - self.blocked_since,
+            "paused": self.fetch == PAUSED,
+            "map_full": self.map_cap is not None,
+        }
+
+    def gate_held(self) -> int:
+        limit = self.limit
+        if limit is None:
+            return 0
+        return sum(1 for offset in self.pending if offset >= limit and offset not in self.done)

@@ -1,0 +1,179 @@
+"""Which record may start next: the shards' transitions between the states of ``sdk._shards``.
+
+The scheduler owns the shards and their containers: the ready queue (served round-robin, so
+a hot or slow shard never starves the others), the timer heap (retry and process delays) and
+the partitions' blocked lists (records at or beyond a release limit). Every method is one
+transition of the lifecycle drawn in ``sdk._shards``. Pure: no I/O, time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from sdk._shards import (
+    BLOCKED,
+    DEAD,
+    IDLE,
+    READY,
+    RUNNING,
+    STUCK,
+    Entry,
+    ItemShape,
+    Shard,
+    Timers,
+)
+
+if TYPE_CHECKING:
+    from sdk._partition import PartitionState
+
+_FREE_SHARDS = 4096
+"""Empty ordered shards kept for reuse (KEY ordering needs one for almost every record)."""
+
+
+class Scheduler:
+    def __init__(self, unordered: bool) -> None:
+        self.unordered = unordered
+        self.shards: dict[object, Shard] = {}
+        self.ready: deque[Shard] = deque()  # READY shards: live partitions, records queued
+        self.timers = Timers()  # WAITING shards
+        self._free: list[Shard] = []
+
+    # ---- shards come and go -------------------------------------------------------------
+
+    def new_shard(self, key: object, part: PartitionState) -> Shard:
+        if self._free:
+            shard = self._free.pop()
+            shard.key = key
+            shard.part = part
+            return shard
+        return Shard(key, part)
+
+    def discard(self, shard: Shard) -> None:
+        """An empty shard nobody owns: forget it (ordered shards are recycled)."""
+        shard.state = IDLE
+        if self.shards.get(shard.key) is shard:
+            del self.shards[shard.key]
+            # An UNORDERED shard may still be referenced by several items: never recycled.
+            if not self.unordered and len(self._free) < _FREE_SHARDS:
+                self._free.append(shard)
+
+    def retire(self, part: PartitionState) -> None:
+        """A partition was revoked: its shards leave scheduling at once (RUNNING ones when
+        their item is handed back)."""
+        for shard in self.shards.values():
+            if shard.part is part and shard.state != RUNNING:
+                shard.state = DEAD
+        part.blocked = []
+        if any(shard.part is part for shard in self.ready):
+            self.ready = deque(s for s in self.ready if s.part is not part)
+        self.timers.purge()
+
+    def forget_dead(self) -> None:
+        """Remove the shards of dropped partitions."""
+        for key in [k for k, shard in self.shards.items() if shard.part.dead]:
+            self.shards.pop(key).state = DEAD
+
+    def alone(self, entry: Entry, kind: str) -> None:
+        """UNORDERED: a failed record waits in a shard of its own (``kind`` "retry": until
+        its retry is due; "stuck": until its partition goes), holding nothing else up."""
+        key = (kind, entry.part.tp, entry.offset)
+        shard = self.shards[key] = Shard(key, entry.part)
+        entry.shard = shard
+        shard.queue.append(entry)
+        if entry.part.revoked:
+            shard.state = DEAD
+        elif kind == "stuck":
+            shard.state = STUCK
+        else:
+            self.timers.park(shard, entry.not_before)
+
+    # ---- handing out work ---------------------------------------------------------------
+
+    def take(
+        self, now: float, slots: int, shape: ItemShape, retrying: set[Entry]
+    ) -> list[list[Entry]]:
+        """Up to ``slots`` items (lists of records) shaped by ``shape``, of records that may
+        start now; records taken leave ``retrying``."""
+        self.wake(now)
+        ready, timers = self.ready, self.timers
+        unordered = self.unordered
+        max_records, max_run, max_shards = shape
+        items: list[list[Entry]] = []
+        entries: list[Entry] = []
+        runs = 0
+        while ready and len(items) < slots:
+            shard = ready.popleft()
+            queue = shard.queue
+            part = shard.part
+            head = queue[0]
+            if head.not_before > now:
+                timers.park(shard, head.not_before)
+                continue
+            limit = part.limit if part.map_cap is None else part.release_limit()
+            if limit is not None and head.offset >= limit:
+                self.block(shard, now)
+                continue
+            room = min(max_run, max_records - len(entries)) if entries else max_run
+            while room and queue:
+                entry = queue[0]
+                if entry.not_before > now or (limit is not None and entry.offset >= limit):
+                    break
+                entries.append(queue.popleft())
+                if entry.attempts:
+                    retrying.discard(entry)
+                room -= 1
+            if not unordered:
+                shard.state = RUNNING
+            elif queue:
+                ready.append(shard)
+            else:
+                shard.state = IDLE
+            runs += 1
+            if len(entries) >= max_records or runs >= max_shards:
+                items.append(entries)
+                entries = []
+                runs = 0
+        if entries:
+            items.append(entries)
+        return items
+
+    def wake(self, now: float) -> None:
+        for shard in self.timers.due(now):
+            shard.state = READY
+            self.ready.append(shard)
+
+    def block(self, shard: Shard, now: float) -> None:
+        part = shard.part
+        shard.state = BLOCKED
+        if not part.blocked:
+            part.blocked_since = now
+        part.blocked.append(shard)
+
+    def unblock(self, part: PartitionState) -> None:
+        blocked, part.blocked = part.blocked, []
+        part.blocked_since = None
+        for shard in blocked:
+            shard.state = READY
+            self.ready.append(shard)
+
+    def hand_back(self, shard: Shard, now: float) -> None:
+        """A RUNNING shard's item is over: serve it again, park it, or forget it."""
+        if shard.state != RUNNING:
+            return  # STUCK now, or its partition is gone
+        if shard.part.revoked:
+            shard.state = DEAD
+            return
+        queue = shard.queue
+        if not queue:
+            self.discard(shard)
+        elif queue[0].not_before > now:
+            self.timers.park(shard, queue[0].not_before)
+        else:
+            shard.state = READY
+            self.ready.append(shard)
+
+    def has_ready(self, now: float) -> bool:
+        """Whether :meth:`take` may find work now (shards whose timer is due included)."""
+        due = self.timers.next_due()
+        return bool(self.ready) or (due is not None and due <= now)

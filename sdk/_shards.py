@@ -1,0 +1,150 @@
+"""Shards, the records they queue, and the work items handed to workers.
+
+A **shard** is the unit of ordering: a partition (PARTITION ordering), a (partition, key)
+(KEY ordering), or a partition whose records may all run at once (UNORDERED). It queues its
+records in offset order and is always in exactly one of these states::
+
+    IDLE ──records──> READY ──take──> RUNNING ──results──> READY / WAITING / IDLE
+                        │  ^                                  (recycled when empty)
+                        │  └──────────── wake, unblock ───────────┐
+                        ├──head not due──> WAITING (timer heap) ──┤
+                        └──head at the limit──> BLOCKED ──────────┘
+    RUNNING ──terminal failure, nowhere to send it──> STUCK (until its partition goes)
+    any state ──partition dropped──> DEAD
+
+Only the ordered modes use RUNNING (one owner at a time); an UNORDERED shard stays READY
+while it has records, whoever runs them. Each state has one container (the ready queue, the
+timer heap, the partition's blocked list, an item), and a shard leaves a container only by
+changing state, so no container ever holds a stale shard. This module holds the data; the
+transitions are :class:`~sdk._core.WorkCore`'s.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from sdk._partition import PartitionState
+
+IDLE, READY, WAITING, BLOCKED, RUNNING, STUCK, DEAD = range(7)
+STATE_NAMES = ("idle", "ready", "waiting", "blocked", "running", "stuck", "dead")
+
+
+class _NotStarted:
+    def __repr__(self) -> str:
+        return "NOT_STARTED"
+
+
+NOT_STARTED: Any = _NotStarted()
+"""Result of a record a worker did not start because an earlier record of its shard failed."""
+
+
+class Shard:
+    """Records of one ordering unit, in offset order, and the shard's state."""
+
+    __slots__ = ("key", "part", "queue", "state")
+
+    def __init__(self, key: object, part: PartitionState) -> None:
+        self.key = key
+        self.part = part
+        self.queue: deque[Entry] = deque()
+        self.state = IDLE
+
+    def __repr__(self) -> str:
+        return f"Shard({self.key!r}, {STATE_NAMES[self.state]}, {len(self.queue)} queued)"
+
+
+class Entry:
+    """One registered record: its offset, partition, shard, the message, and its attempts."""
+
+    __slots__ = ("attempts", "last_error", "not_before", "offset", "part", "payload", "shard")
+
+    def __init__(
+        self, offset: int, part: PartitionState, shard: Shard, payload: Any, not_before: float
+    ) -> None:
+        self.offset = offset
+        self.part = part
+        self.shard = shard
+        self.payload = payload
+        self.not_before = not_before
+        self.attempts = 0
+        self.last_error: BaseException | None = None
+
+    @property
+    def tp(self) -> tuple[str, int]:
+        return self.part.tp
+
+    def __repr__(self) -> str:
+        topic, partition = self.part.tp
+        return f"Entry({topic}[{partition}]@{self.offset}, attempts={self.attempts})"
+
+
+class Item:
+    """Work handed to one worker: runs of records, each run consecutive records of one shard.
+
+    The cross-thread protocol is one field: the worker running the item sets ``finished`` to
+    the number of leading records that succeeded so far (it only grows, and stops growing at
+    the first failure); nothing else of an item is written by another thread. ``reported``
+    (the consumer's thread only) is how many of those the core has applied already, so a long
+    item's finished records can be committed before the item ends."""
+
+    __slots__ = ("entries", "finished", "id", "reported")
+
+    def __init__(self, item_id: int, entries: list[Entry]) -> None:
+        self.id = item_id
+        self.entries = entries
+        self.finished = 0
+        self.reported = 0
+
+
+class ItemShape(NamedTuple):
+    """How :meth:`~sdk._core.WorkCore.take` fills an item.
+
+    An item is a list of runs. A run is up to ``run`` consecutive records of one shard (they
+    run one after another on the same worker). An item holds at most ``shards`` runs; after
+    its first run, further runs join only while the item stays within ``records`` records (the
+    first run alone may be longer: its records are sequential anyway)."""
+
+    records: int
+    run: int
+    shards: int
+
+
+class Timers:
+    """The WAITING shards, by when their head record is due. A shard is in here exactly
+    while its state is WAITING; :meth:`purge` removes those of dropped partitions."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Shard]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def park(self, shard: Shard, until: float) -> None:
+        shard.state = WAITING
+        heapq.heappush(self._heap, (until, next(self._seq), shard))
+
+    def due(self, now: float) -> list[Shard]:
+        """Remove and return the shards due at ``now`` (their state is left to the caller)."""
+        heap = self._heap
+        woken = []
+        while heap and heap[0][0] <= now:
+            woken.append(heapq.heappop(heap)[2])
+        return woken
+
+    def next_due(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def purge(self) -> None:
+        """Forget the shards that are no longer WAITING (their partition was dropped)."""
+        kept = [entry for entry in self._heap if entry[2].state == WAITING]
+        if len(kept) != len(self._heap):
+            heapq.heapify(kept)
+            self._heap = kept
+
+    def shards(self) -> list[Shard]:
+        return [entry[2] for entry in self._heap]

@@ -1,0 +1,65 @@
+"""How many records one work item carries, from how fast the handler has been.
+
+Fast handlers (a full item runs in under 10 ms) get full items: one hand-off carries many
+records, and spreading them over threads would only trade the GIL back and forth. Slower
+handlers get guided self-scheduling: a quarter of the waiting records spread over the
+workers, and no more than about 10 ms of work per item, so the last records are spread
+evenly too. Handler speed is the median per-record time of recent items: robust to the odd
+item that waited for the GIL.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from sdk._options import Options
+from sdk._shards import ItemShape
+
+ITEM_SECONDS = 0.01
+"""About how long one work item may run when handlers are slow and there is a backlog."""
+
+
+class ItemSizer:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.ordered = options.ordering != "unordered"
+        self._samples: deque[float] = deque(maxlen=64)  # seconds per record, by item
+        self._new = 0
+        self.record_seconds: float | None = None
+
+    def observe(self, seconds: float, records: int) -> None:
+        """An item of ``records`` records ran for ``seconds``."""
+        samples = self._samples
+        samples.append(seconds / max(1, records))
+        self._new += 1
+        # Trust the median only once a few items were timed (one lucky fast record must not
+        # make a slow handler look fast), then refresh it every 16 items.
+        if len(samples) >= 8 and (self.record_seconds is None or self._new >= 16):
+            self.record_seconds = statistics.median(samples)
+            self._new = 0
+
+    def shape(self, waiting: int) -> ItemShape:
+        """The shape of the next items, with ``waiting`` records not yet started."""
+        options = self.options
+        if options.batch_size is not None:
+            # A batch holds one record per shard in the ordered modes (the handler may treat
+            # a batch's records in any order).
+            size = options.batch_size
+            return ItemShape(records=size, run=1 if self.ordered else size, shards=size)
+        size = self.size(waiting)
+        if self.ordered:
+            # A shard's records run one after another anyway, so a worker may take a long run
+            # of them (no hand-off between them); other shards join only within ``size``.
+            return ItemShape(records=size, run=options.max_item_records, shards=size)
+        return ItemShape(records=size, run=size, shards=size)
+
+    def size(self, waiting: int) -> int:
+        per_record = self.record_seconds
+        largest = self.options.max_item_records
+        if per_record is None:
+            return 1
+        if per_record * largest <= ITEM_SECONDS:
+            return largest
+        guided = waiting // (4 * self.options.max_concurrency)
+        return max(1, min(largest, guided, int(ITEM_SECONDS / per_record)))

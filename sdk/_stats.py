@@ -1,0 +1,96 @@
+"""The consumer's published state: ``ParallelConsumer.stats()`` and what metrics read.
+
+Built on the consumer's thread about every half second; readers on other threads only ever
+see a finished snapshot (the live core belongs to the consumer's thread).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sdk._partition import TP
+
+if TYPE_CHECKING:
+    from sdk._engine import ParallelConsumer
+    from sdk._gating import Gate
+
+log = logging.getLogger("sdk")
+
+
+def snapshot(consumer: ParallelConsumer, now: float) -> dict[str, Any]:
+    core = consumer.core
+    partitions = {}
+    for tp in core.partitions:
+        view = core.partition_view(tp, now)
+        if view is not None:
+            view["committed"] = consumer._committer.committed.get(tp)
+            partitions[tp] = view
+    return {
+        "at": now,
+        "in_flight": core.in_flight(),
+        "held": core.held(),
+        "retrying": len(core.retrying),
+        "stuck": len(core.stuck),
+        "paused_partitions": core.paused_partitions(),
+        "paused": consumer.paused_by_user,
+        "offset_map_store": consumer._maps.kind,
+        "partitions": partitions,
+        "counts": {tp: vars(c).copy() for tp, c in core.counts.items()},
+        "latency": latency(consumer),
+        "holds": ([], 0.0)
+        if consumer._holds is None
+        else (list(consumer._holds.latency.counts), consumer._holds.latency.total),
+        "gate": None if consumer.gate is None else gate_stats(consumer.gate),
+    }
+
+
+def latency(consumer: ParallelConsumer) -> tuple[list[int], float]:
+    runner = consumer._runner
+    if runner is None:
+        return [], 0.0
+    counts: list[int] = []
+    total = 0.0
+    for observed in list(runner.latencies):
+        if not counts:
+            counts = list(observed.counts)
+        else:
+            counts = [a + b for a, b in zip(counts, observed.counts, strict=True)]
+        total += observed.total
+    return counts, total
+
+
+def gate_stats(gate: Gate) -> dict[str, Any]:
+    current = gate.snapshot
+    return {
+        "name": gate.name,
+        "version": None if current is None else current.version,
+        "age": gate.view.age(),
+        "stale": gate.stale,
+        "sources": {
+            s.state.name: {"up": s.state.up, "rejected": dict(s.state.rejected)}
+            for s in gate.sources
+        },
+    }
+
+
+def log_hold(gate: Gate, tp: TP, offset: int, held_for: float) -> None:
+    """One line saying which dependency groups a held partition waits for."""
+    why = gate.explain(tp[0], tp[1], offset)
+    waiting = why.get("waiting_for")
+    if waiting:
+        detail = ", ".join(
+            f"{w['group']} (committed {w['committed']}, behind by {w['behind_by']})"
+            for w in waiting
+        )
+    else:
+        detail = f"watermark {why['watermark']}"
+    log.warning(
+        "%s[%d]: records from offset %d held for %.0fs by gate %s: waiting for %s",
+        tp[0],
+        tp[1],
+        offset,
+        held_for,
+        gate.name,
+        detail,
+    )

@@ -1,0 +1,544 @@
+"""A stateful, model-based test of the consumer shell: the real ``ParallelConsumer`` (its loop
+turns, rebalance callbacks, commits, pauses, dead letters, gating and stopping) driven
+against simulated clients that behave as librdkafka does (see ``simulated.py``).
+
+Hypothesis interleaves records arriving, eager and cooperative rebalances, lost partitions,
+failing commits, gate snapshots (newer, older, lower), handler successes, failures,
+cancellations and hangs, partial progress of long items, the user's pause and resume, time
+passing, dead-letter outages, and stopping and restarting. After every step it checks:
+
+* no record starts before its dependencies committed past it (its gate released it);
+* no commit passes a record that was not done (processed, dead-lettered with an acknowledged
+  copy, or skipped by the chosen policy), and offset maps only list done records;
+* what librdkafka was told about fetching matches what the core believes, and a partition
+  is paused only when its share of the buffer is used (no stuck pause);
+* the memory bound holds: the engine never holds more records than its buffer;
+* the loop does not spin: a short wait is always for a record it can start then.
+
+At the end, with the gate open and every handler succeeding, everything not held for good
+(a terminal failure with no dead-letter topic) is processed and committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from gate._watermark import Snapshot
+from sdk import Gate, Options, Ordering, ParallelConsumer, RetriableError, TerminalError
+from sdk._core import NOT_STARTED
+from sdk._failures import FailurePolicy
+from sdk._gating import SourceState
+from sdk._maps import OffsetMaps
+from sdk._offsets import read_offset_map
+from sdk._partition import PAUSED
+from sdk._shards import Entry, Item
+from tests.sdk.simulated import (
+    TP,
+    Clock,
+    Cluster,
+    SimConsumer,
+    SimInbox,
+    SimProducer,
+    SimRunner,
+)
+
+TOPIC = "t"
+PARTITIONS = 3
+GATE = "g"
+FAILURE_POLICIES: dict[str, dict[str, Any]] = {
+    # A record that fails for good has nowhere to go: it is held (stuck), never committed.
+    "hold": {"max_attempts": None, "on_exhausted": "dead_letter", "dead_letter_topic": None},
+    "dead_letter": {"max_attempts": 2, "on_exhausted": "dead_letter", "dead_letter_topic": "d"},
+    "dead_letter_terminal": {"on_exhausted": "dead_letter", "dead_letter_topic": "d"},
+    "skip": {"max_attempts": 1, "on_exhausted": "skip"},
+    "skip_terminal": {"on_exhausted": "skip"},
+}
+
+
+class SimSource:
+    """A watermark source the test feeds (the gate service, as far as the consumer knows)."""
+
+    def __init__(self) -> None:
+        self.state = SourceState("sim")
+
+    def start(self, view: Any) -> None:
+        self.state.up = True
+
+    def stop(self) -> None:
+        self.state.up = False
+
+    def explain(self, topic: str, partition: int, offset: int) -> None:
+        return None
+
+
+class SpyPolicy(FailurePolicy):
+    """The engine's own failure policy, recording which records it chose to skip."""
+
+    skipped: set[tuple[TP, int]]
+
+    def decide(self, entry: Entry, error: BaseException, now: float) -> Any:
+        decision = super().decide(entry, error, now)
+        if decision == "skip":
+            self.skipped.add((entry.tp, entry.offset))
+        return decision
+
+
+class SimEngine(ParallelConsumer):
+    """The real shell with simulated clients."""
+
+    def __init__(self, machine: ShellMachine, options: Options, gate: Gate | None) -> None:
+        super().__init__(
+            {"group.id": "sim", "bootstrap.servers": "sim:9092"},
+            [TOPIC],
+            lambda record: None,
+            options,
+            gate=gate,
+            registry=None,
+        )
+        self.machine = machine
+        self._time = self._mono = machine.clock.time
+        self._inbox = SimInbox(machine.clock)
+        policy = SpyPolicy(**vars(self.core.failures))
+        policy.skipped = machine.skipped
+        self.core.failures = policy
+
+    def _new_consumer(self, config: dict[str, Any]) -> Any:
+        self.sim = SimConsumer(self.machine.cluster, config)
+        return self.sim
+
+    def _new_producer(self) -> Any:
+        return self.machine.producer
+
+    def _new_runner(self, work: Any) -> Any:
+        self.runner = SimRunner(self._inbox, self.options.max_concurrency)
+        self.runner.on_submit = self.machine.started
+        return self.runner
+
+    def _choose_maps(self) -> OffsetMaps:
+        return OffsetMaps("kafka" if self.machine.cluster.keeps_metadata else "none", self.group)
+
+
+class ShellMachine(RuleBasedStateMachine):
+    @initialize(
+        ordering=st.sampled_from(list(Ordering)),
+        concurrency=st.integers(1, 4),
+        buffer=st.integers(3, 12),
+        failures=st.sampled_from(sorted(FAILURE_POLICIES)),
+        batch=st.sampled_from([None, None, 2]),
+        process_delay=st.sampled_from([0.0, 0.0, 0.3]),
+        gated=st.booleans(),
+        keeps_metadata=st.booleans(),
+    )
+    def setup(
+        self,
+        ordering: Ordering,
+        concurrency: int,
+        buffer: int,
+        failures: str,
+        batch: int | None,
+        process_delay: float,
+        gated: bool,
+        keeps_metadata: bool,
+    ) -> None:
+        self.options = Options(
+            ordering=ordering,
+            max_concurrency=concurrency,
+            max_buffered=buffer,
+            batch_size=batch,
+            process_delay=process_delay,
+            retry_delay=lambda attempt, error: 0.2 * attempt,
+            commit_interval=0.1,
+            revoke_timeout=0.5,
+            **FAILURE_POLICIES[failures],
+        )
+        self.clock = Clock()
+        self.cluster = Cluster(TOPIC, PARTITIONS, self.clock, keeps_metadata)
+        self.producer = SimProducer(self.cluster)
+        self.gated = gated
+        self.watermarks: dict[int, int | None] = dict.fromkeys(range(PARTITIONS))
+        self.version = 1
+        self.done: set[tuple[TP, int]] = set()  # processed at least once, or given up rightly
+        self.skipped: set[tuple[TP, int]] = set()
+        self.violations: list[str] = []
+        self.checked_commits = 0
+        self.checked_letters = 0
+        self.wait = 0.0
+        self.engine: SimEngine | None = None
+        self.start_engine()
+
+    # ---- the engine's life --------------------------------------------------------------
+
+    def start_engine(self) -> None:
+        gate = None
+        if self.gated:
+            gate = Gate(GATE, SimSource(), stale_after=3600)
+            self.offer(gate)
+        self.engine = SimEngine(self, self.options, gate)
+        self.engine._open()
+        self.engine.sim.rebalance("assign", [(TOPIC, p) for p in range(PARTITIONS)])
+        self.turn()
+
+    def offer(self, gate: Gate | None = None) -> None:
+        gate = gate or (self.engine.gate if self.engine else None)
+        if gate is None:
+            return
+        watermarks = {(TOPIC, p): w for p, w in self.watermarks.items()}
+        snapshot = Snapshot(GATE, self.version, self.clock.now, watermarks)
+        gate.view.offer(snapshot, gate.sources[0].state)
+
+    def started(self, item: Item) -> None:
+        """The runner received an item: each record must be released by the gate."""
+        gate = self.engine.gate if self.engine else None
+        for entry in item.entries:
+            if gate is not None and not gate.released(entry.tp[0], entry.tp[1], entry.offset):
+                self.violations.append(f"{entry} started before its gate released it")
+
+    def turn(self) -> None:
+        """One turn of the consumer's loop; its wait must not be a spin."""
+        engine = self.engine
+        if engine is None:
+            return
+        self.clock.advance(0.003)  # time passes between turns
+        wait = engine._turn()
+        if wait is None:
+            engine._close()
+            self.engine = None
+            return
+        self.wait = wait
+        if wait < 0.005:
+            due = engine.core.next_due()
+            now = self.clock.now
+            assert due is not None and due <= now + wait + 1e-9, f"short wait {wait} for nothing"
+            assert engine._free_slots() > 0 and not engine.core.paused_all, (
+                f"short wait {wait} for a record it cannot start"
+            )
+        self.check_commits()
+
+    def check_commits(self) -> None:
+        for letter in self.cluster.dead_letters[self.checked_letters :]:
+            headers = dict(letter.headers())
+            tp = (headers["dlt.original.topic"].decode(), int(headers["dlt.original.partition"]))
+            self.done.add((tp, int(headers["dlt.original.offset"])))
+        self.checked_letters = len(self.cluster.dead_letters)
+        self.done |= self.skipped
+        history = self.cluster.commit_history
+        for tp, offset, metadata in history[self.checked_commits :]:
+            below = [m.offset_ for m in self.cluster.logs[tp] if m.offset_ < offset]
+            missing = [o for o in below if (tp, o) not in self.done]
+            assert not missing, f"commit {tp}@{offset} passes records not done: {missing}"
+            assert offset <= self.cluster.end(tp), f"commit {tp}@{offset} beyond the log"
+            if metadata:
+                _, ranges, _ = read_offset_map(metadata)
+                listed = [o for start, stop in ranges for o in range(start, stop)]
+                logged = {m.offset_ for m in self.cluster.logs[tp]}
+                wrong = [o for o in listed if o in logged and (tp, o) not in self.done]
+                assert not wrong, f"offset map of {tp}@{offset} lists records not done: {wrong}"
+        self.checked_commits = len(history)
+
+    # ---- rules --------------------------------------------------------------------------
+
+    @rule(
+        partition=st.integers(0, PARTITIONS - 1),
+        keys=st.lists(st.sampled_from([b"a", b"b", b"c", None]), min_size=1, max_size=8),
+        gap=st.sampled_from([0, 0, 0, 2]),
+    )
+    def produce(self, partition: int, keys: list[bytes | None], gap: int) -> None:
+        self.cluster.produce(partition, keys, gap)
+        self.turn()
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(turns=st.integers(1, 3), seconds=st.sampled_from([0.0, 0.01, 0.05, 0.3, 1.0]))
+    def run_loop(self, turns: int, seconds: float) -> None:
+        for _ in range(turns):
+            self.clock.advance(max(seconds, self.wait))
+            self.turn()
+
+    @precondition(lambda self: self.engine is not None and self.engine.runner.running)
+    @rule(data=st.data())
+    def finish_items(self, data: st.DataObject) -> None:
+        """Workers report some items: successes, failures, a cancelled coroutine, or a
+        record not started after an earlier one of its shard failed."""
+        running = sorted(self.engine.runner.running.values(), key=lambda i: i.id)
+        count = data.draw(st.integers(1, len(running)))
+        for item in data.draw(st.permutations(running))[:count]:
+            self.finish(item, data)
+        self.turn()
+
+    def finish(self, item: Item, data: st.DataObject) -> None:
+        outcomes = st.sampled_from(["ok", "ok", "retry", "terminal", "cancelled"])
+        results: list[Any] = []
+        failed_shards: set[int] = set()
+        ordered = self.options.ordering is not Ordering.UNORDERED
+        batch = self.options.batch_size is not None
+        batch_outcome = data.draw(outcomes) if batch else None
+        for index, entry in enumerate(item.entries):
+            if index < item.finished:
+                results.append(None)
+                continue
+            if ordered and id(entry.shard) in failed_shards and not batch:
+                results.append(NOT_STARTED)
+                continue
+            outcome = batch_outcome or data.draw(outcomes)
+            if outcome == "ok":
+                results.append(None)
+                self.done.add((entry.tp, entry.offset))
+            else:
+                error = {
+                    "retry": RetriableError("again"),
+                    "terminal": TerminalError("never"),
+                    "cancelled": asyncio.CancelledError(),
+                }[outcome]
+                results.append(error)
+                failed_shards.add(id(entry.shard))
+        self.engine.runner.report(item, results)
+
+    @precondition(lambda self: self.engine is not None and self.engine.runner.running)
+    @rule(data=st.data())
+    def item_progress(self, data: st.DataObject) -> None:
+        """A long item's worker finished its first records (the item keeps running)."""
+        runner = self.engine.runner
+        item = data.draw(st.sampled_from(sorted(runner.running.values(), key=lambda i: i.id)))
+        if self.options.batch_size is not None or item.finished >= len(item.entries) - 1:
+            return
+        item.finished += 1
+        self.done.add((item.entries[item.finished - 1].tp, item.entries[item.finished - 1].offset))
+        self.turn()
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(
+        kind=st.sampled_from(["eager", "cooperative", "lost"]),
+        keep=st.sets(st.integers(0, PARTITIONS - 1)),
+        finish_first=st.booleans(),
+    )
+    def rebalance(self, kind: str, keep: set[int], finish_first: bool) -> None:
+        """A rebalance: eager (everything revoked, ``keep`` assigned again), cooperative
+        (the rest revoked, ``keep`` kept or added) or lost (the rest lost, then returned)."""
+        engine = self.engine
+        sim = engine.sim
+        if finish_first:  # the in-flight records finish while the revoke waits
+            for item in list(engine.runner.running.values()):
+                for entry in item.entries:
+                    self.done.add((entry.tp, entry.offset))
+                engine.runner.report(item, [None] * len(item.entries))
+        keep_tps = {(TOPIC, p) for p in keep}
+        everything = {(TOPIC, p) for p in range(PARTITIONS)}
+        if kind == "eager":
+            sim.rebalance("revoke", sim.assignment)
+            sim.rebalance("assign", keep_tps)
+        elif kind == "cooperative":
+            sim.rebalance("revoke", sim.assignment - keep_tps)
+            sim.rebalance("assign", keep_tps - sim.assignment)
+        else:
+            sim.rebalance("lost", sim.assignment - keep_tps)
+        self.turn()
+        if kind == "lost":
+            sim.rebalance("assign", everything - keep_tps)
+            self.turn()
+
+    @precondition(lambda self: self.engine is not None and not self.engine.sim.assignment)
+    @rule()
+    def assign_everything(self) -> None:
+        self.engine.sim.rebalance("assign", [(TOPIC, p) for p in range(PARTITIONS)])
+        self.turn()
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(count=st.integers(1, 2))
+    def commits_fail(self, count: int) -> None:
+        self.engine.sim.fail_commits += count
+        self.turn()
+
+    @precondition(lambda self: self.gated)
+    @rule(
+        partition=st.integers(0, PARTITIONS - 1),
+        move=st.sampled_from(["up", "up", "to_end", "down", "none"]),
+        older=st.booleans(),
+    )
+    def gate_snapshot(self, partition: int, move: str, older: bool) -> None:
+        """The gate publishes: a watermark moves up (dependencies committed), jumps to the
+        end, goes down (a dependency rewound) or disappears (a group's offsets expired); or
+        a stale snapshot with an older version arrives late and must be ignored."""
+        if older:
+            saved = dict(self.watermarks)
+            self.watermarks[partition] = self.cluster.end((TOPIC, partition))
+            self.version -= 1
+            self.offer()
+            self.version += 1
+            self.watermarks = saved
+            self.turn()
+            return
+        current = self.watermarks[partition] or 0
+        end = self.cluster.end((TOPIC, partition))
+        self.watermarks[partition] = {
+            "up": min(end, current + 2),
+            "to_end": end,
+            "down": max(0, current - 3),
+            "none": None,
+        }[move]
+        self.version += 2
+        self.offer()
+        self.turn()
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(paused=st.booleans())
+    def user_pause(self, paused: bool) -> None:
+        if paused:
+            self.engine.pause()
+        else:
+            self.engine.resume()
+        self.turn()
+
+    @precondition(lambda self: self.options.dead_letter_topic is not None)
+    @rule(broken=st.booleans())
+    def dead_letter_topic(self, broken: bool) -> None:
+        self.producer.broken = broken
+        self.turn()
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(drain=st.booleans())
+    def stop(self, drain: bool) -> None:
+        """Stop (gracefully or at once), let the loop wind down, and start a new consumer
+        of the same group (restored from its commits and offset maps)."""
+        self.engine.stop(drain=drain, timeout=1.0, wait=False)
+        for _ in range(200):
+            if self.engine is None:
+                break
+            self.clock.advance(0.05)
+            self.turn()
+        assert self.engine is None, "the consumer did not stop within its drain timeout"
+        self.check_commits()
+        self.start_engine()
+
+    # ---- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def nothing_started_early(self) -> None:
+        assert not getattr(self, "violations", None), self.violations
+
+    @invariant()
+    def fetching_is_what_the_core_believes_and_never_stuck(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is None:
+            return
+        core, sim = engine.core, engine.sim
+        share = core.share()
+        pressure = (
+            core.fetch_stopped
+            or len(core.retrying) >= core.max_retrying
+            or core.held() >= core.buffer_limit
+        )
+        for tp in sim.assignment:
+            part = core.partitions.get(tp)
+            assert part is not None, f"{tp} is assigned but the core does not track it"
+            paused = tp in sim.paused
+            assert paused == (part.fetch == PAUSED), (
+                f"{tp}: librdkafka {'pauses' if paused else 'fetches'} it, the core believes "
+                f"{'paused' if part.fetch == PAUSED else 'fetching'}"
+            )
+            if paused:
+                assert pressure or part.held > share // 2, (
+                    f"{tp} is paused with room in its share ({part.held} of {share})"
+                )
+
+    @invariant()
+    def memory_is_bounded(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is None:
+            return
+        core = engine.core
+        assert core.held() <= core.buffer_limit, f"holds {core.held()} of {core.buffer_limit}"
+        for part in core.partitions.values():
+            assert part.done <= set(part.pending), "a completed offset outside the held ones"
+
+    def teardown(self) -> None:
+        """Liveness: with the gate open, handlers succeeding, the dead-letter topic up and
+        the consumer resumed, everything not held for good is processed and committed."""
+        engine = getattr(self, "engine", None)
+        if engine is None:
+            return
+        self.producer.broken = False
+        self.watermarks = {p: self.cluster.end((TOPIC, p)) for p in range(PARTITIONS)}
+        self.version += 2
+        self.offer()
+        engine.resume()
+        for _ in range(400):
+            everything = {(TOPIC, p) for p in range(PARTITIONS)}
+            if engine.sim.assignment != everything and not engine.sim.events:
+                engine.sim.rebalance("assign", everything - engine.sim.assignment)
+            self.clock.advance(0.5)
+            self.turn()
+            if self.engine is None:
+                return
+            for item in list(engine.runner.running.values()):
+                for entry in item.entries:
+                    self.done.add((entry.tp, entry.offset))
+                engine.runner.report(item, [None] * len(item.entries))
+            self.turn()
+            if not engine.core.outstanding and self.all_committed(engine):
+                break
+        stuck_tps = {entry.tp for entry in engine.core.stuck}
+        for p in range(PARTITIONS):
+            tp = (TOPIC, p)
+            if tp in stuck_tps:
+                stuck = min(e.offset for e in engine.core.stuck if e.tp == tp)
+                assert self.cluster.commits.get(tp, (0, ""))[0] <= stuck
+                continue
+            end = self.cluster.end(tp)
+            logged = [m.offset_ for m in self.cluster.logs[tp]]
+            committed = self.cluster.commits.get(tp, (0, ""))[0]
+            assert not logged or committed >= max(logged) + 1 or committed == end, (
+                f"{tp} stalled: committed {committed}, log ends at {end}"
+            )
+        engine.stop(drain=False, wait=False)
+        for _ in range(20):
+            if self.engine is None:
+                break
+            self.clock.advance(0.05)
+            self.turn()
+
+    def all_committed(self, engine: SimEngine) -> bool:
+        stuck_tps = {entry.tp for entry in engine.core.stuck}
+        for p in range(PARTITIONS):
+            tp = (TOPIC, p)
+            logged = self.cluster.logs[tp]
+            if tp in stuck_tps or not logged:
+                continue
+            if self.cluster.commits.get(tp, (0, ""))[0] < logged[-1].offset_ + 1:
+                return False
+        return True
+
+
+# The normal run: a fixed seed (the same examples every run, so CI is deterministic).
+TestShell = ShellMachine.TestCase
+TestShell.settings = settings(
+    max_examples=1000,
+    stateful_step_count=40,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+@pytest.mark.slow
+class TestShellLong(ShellMachine.TestCase):  # type: ignore[name-defined,misc]
+    """Exploration (--run-slow): new random examples every run, longer interleavings, and
+    failures kept in Hypothesis' example database to be replayed first next time."""
+
+    settings = settings(
+        max_examples=int(os.environ.get("SHELL_MACHINE_EXAMPLES", "20000")),
+        stateful_step_count=80,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
