@@ -161,6 +161,16 @@ class GateService:
                 rewind.after,
                 self.config.status.rewind_policy,
             )
+        for reset in state.resets:
+            log.warning(
+                "gate %s: the log of %s[%d] moved backwards (end %s -> %s: the topic was "
+                "deleted or recreated); its dependency history starts afresh",
+                state.gate,
+                reset.topic,
+                reset.partition,
+                reset.before,
+                "gone" if reset.after is None else reset.after,
+            )
         for lost in state.lost:
             self.metrics.lost_offsets.labels(state.gate, lost.group).inc()
             log.warning(

@@ -61,7 +61,9 @@ class StatusPolicy:
     rewind_policy: RewindPolicy = "follow"
     """``follow``: the watermark follows a rewound group down, so new records wait until it
     passes them again. ``keep_highest``: a group counts with the highest offset it ever
-    committed (records it processed once stay released)."""
+    committed on the partition's current log (records it processed once stay released); a
+    log that moves backwards (a topic deleted and recreated) starts that history afresh, and
+    a highest offset beyond the log's end never counts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,17 @@ class Rewind:
 
 
 @dataclass(frozen=True, slots=True)
+class LogReset:
+    """A partition's log moved backwards (the topic was deleted and recreated, or it
+    vanished): the groups' history on it (highest offsets, rewinds) starts afresh."""
+
+    topic: str
+    partition: int
+    before: int | None
+    after: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class LostOffset:
     """A committed offset that disappeared: group deleted or its offsets expired."""
 
@@ -160,6 +173,7 @@ class GateState:
     """Whether the watermarks differ from the previous state's."""
     rewinds: tuple[Rewind, ...] = ()
     lost: tuple[LostOffset, ...] = ()
+    resets: tuple[LogReset, ...] = ()
     poll_duration: float = 0.0
 
     @property
@@ -218,6 +232,7 @@ class GateEvaluator:
     version_floor: int = 0
     """Versions start above this (e.g. the version found in Redis at start)."""
     _tracks: dict[tuple[str, Partition], _Track] = field(default_factory=dict, repr=False)
+    _ends: dict[Partition, int] = field(default_factory=dict, repr=False)
     _last: GateState | None = field(default=None, repr=False)
 
     @property
@@ -227,6 +242,29 @@ class GateEvaluator:
     def next_version(self, started_at: float) -> int:
         previous = self._last.version if self._last else 0
         return max(previous + 1, int(started_at * 1000), self.version_floor + 1)
+
+    def _reset_moved_logs(
+        self, partitions: list[Partition], end_offsets: Mapping[Partition, int]
+    ) -> list[LogReset]:
+        """Forget the history of partitions whose log moved backwards or vanished."""
+        current = set(partitions)
+        resets = []
+        for tp, before in list(self._ends.items()):
+            after = end_offsets.get(tp) if tp in current else None
+            if tp in current and (after is None or after >= before):
+                continue
+            if tp in current and after is not None:
+                resets.append(LogReset(tp[0], tp[1], before, after))
+            elif tp not in current:
+                resets.append(LogReset(tp[0], tp[1], before, None))
+            del self._ends[tp]
+            for group in self.groups:
+                self._tracks.pop((group, tp), None)
+        for tp in partitions:
+            end = end_offsets.get(tp)
+            if end is not None:
+                self._ends[tp] = end
+        return resets
 
     def observe(self, poll: PollResult) -> GateState:
         now = poll.started_at
@@ -240,6 +278,7 @@ class GateEvaluator:
                 continue
             partitions.extend((topic, p) for p in range(count))
 
+        resets = self._reset_moved_logs(partitions, poll.end_offsets)
         rewinds: list[Rewind] = []
         lost: list[LostOffset] = []
         overall: dict[str, DependencyStatus] = {}
@@ -290,7 +329,10 @@ class GateEvaluator:
                 else:
                     status = OK
                 positions[tp][group] = GroupPosition(committed, lag, status, track.moved_at)
-                group_effective[tp] = track.highest if keep_highest else committed
+                if keep_highest and (end is None or track.highest <= end):
+                    group_effective[tp] = track.highest
+                else:
+                    group_effective[tp] = committed
                 rank = _RANK[status]
                 if rank < worst_rank:
                     worst_rank = rank
@@ -326,6 +368,7 @@ class GateEvaluator:
             changed=previous is None or previous.snapshot.watermarks != watermarks,
             rewinds=tuple(rewinds),
             lost=tuple(lost),
+            resets=tuple(resets),
             poll_duration=poll.duration,
         )
         self._last = state

@@ -175,3 +175,57 @@ def test_evaluator_watermarks_equal_the_pure_minimum_under_follow(history) -> No
                 or (g == "c" and (c.get(p) is None or c[p] == expected))
                 for g in holding
             )
+
+
+def test_keep_highest_starts_afresh_when_the_topic_is_recreated() -> None:
+    """A recreated topic's records are released only once the dependencies pass them,
+    whatever they committed on the old log."""
+    gate = evaluator(rewind_policy="keep_highest")
+    old = gate.observe(poll(1.0, {"b": {0: 100}, "c": {0: 100}}, {0: 100}, partitions=1))
+    assert old.snapshot.watermarks[("t", 0)] == 100
+    # Deleted and recreated: the log ends at 10, the groups restarted from the beginning.
+    new = gate.observe(poll(2.0, {"b": {0: 5}, "c": {0: 7}}, {0: 10}, partitions=1))
+    assert new.snapshot.watermarks[("t", 0)] == 5
+    assert [(r.topic, r.partition, r.before, r.after) for r in new.resets] == [("t", 0, 100, 10)]
+    assert new.rewinds == ()  # a new log is not a rewind
+    # The new history is kept as usual: a later rewind on the new log keeps the highest.
+    later = gate.observe(poll(3.0, {"b": {0: 8}, "c": {0: 9}}, {0: 12}, partitions=1))
+    assert later.snapshot.watermarks[("t", 0)] == 8
+    rewound = gate.observe(poll(4.0, {"b": {0: 2}, "c": {0: 9}}, {0: 12}, partitions=1))
+    assert rewound.snapshot.watermarks[("t", 0)] == 8
+    assert len(rewound.rewinds) == 1
+
+
+def test_keep_highest_never_counts_an_offset_beyond_the_log() -> None:
+    """Recreated and refilled between two polls (the end did not move backwards): a highest
+    offset beyond the log's end cannot be one the group processed on this log."""
+    gate = evaluator(rewind_policy="keep_highest")
+    gate.observe(poll(1.0, {"b": {0: 100}, "c": {0: 100}}, {0: 100}, partitions=1))
+    state = gate.observe(poll(2.0, {"b": {0: 100}, "c": {0: 100}}, {0: 100}, partitions=1))
+    assert state.snapshot.watermarks[("t", 0)] == 100
+    refilled = gate.observe(poll(3.0, {"b": {0: 3}, "c": {0: 90}}, {0: 150}, partitions=1))
+    assert refilled.snapshot.watermarks[("t", 0)] == 100  # a rewind on the same log: kept
+    shorter = GateEvaluator("a", ["t"], ["b"], StatusPolicy(rewind_policy="keep_highest"))
+    shorter.observe(poll(1.0, {"b": {0: 100}}, {0: 100}, partitions=1))
+    state = shorter.observe(poll(2.0, {"b": {0: 4}}, {0: 120}, partitions=1))
+    assert state.snapshot.watermarks[("t", 0)] == 100
+    state = shorter.observe(poll(3.0, {"b": {0: 4}}, {0: 50}, partitions=1))  # moved back
+    assert state.snapshot.watermarks[("t", 0)] == 4
+
+
+def test_a_vanished_topic_forgets_its_history() -> None:
+    gate = evaluator(rewind_policy="keep_highest")
+    gate.observe(poll(1.0, {"b": {0: 100}, "c": {0: 100}}, {0: 100}, partitions=1))
+    gone = gate.observe(
+        PollResult(
+            started_at=2.0,
+            finished_at=2.01,
+            partition_counts={},
+            end_offsets={},
+            committed={"b": {}, "c": {}},
+        )
+    )
+    assert gone.missing_topics == ("t",)
+    assert [(r.partition, r.after) for r in gone.resets] == [(0, None)]
+    back = gate.observe(poll(3.0, {"b": {0: 0}, "c": {0: 0}}, {0: 200}, partitions=1))
+    assert back.snapshot.watermarks[("t", 0)] == 0
