@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from confluent_kafka import KafkaException
+
 from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
 from gate._watermark import Snapshot, SnapshotError
 from sdk._options import CONSUMER_ONLY
@@ -232,13 +234,20 @@ class _ThreadSource:
 
 
 class RedisSource(_ThreadSource):
-    """The gate service's Redis hash (loaded at start and after every reconnect) and its
-    pub/sub channel (followed in between)."""
+    """The gate service's Redis hash and its pub/sub channel. The hash is loaded every time
+    the subscription starts: at first, and whenever the client re-subscribes after a lost
+    connection (by itself or after an error), so nothing published meanwhile is missed."""
 
     name = "redis"
 
     def __init__(self, url: str, *, prefix: str = "gate", timeout: float = 2.0) -> None:
         super().__init__()
+        try:
+            import redis
+
+            redis.connection.parse_url(url)
+        except ValueError as exc:
+            raise GateError(f"redis source: {exc}") from None
         self.url = url
         self.prefix = prefix
         self.timeout = timeout
@@ -251,19 +260,24 @@ class RedisSource(_ThreadSource):
         client = redis.Redis.from_url(
             self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
         )
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        # Subscription confirmations are delivered: each one starts a subscription (the first,
+        # or redis-py's re-subscription after a reconnect), and the hash is loaded after it.
+        pubsub = client.pubsub()
         backoff = 0.2
         try:
             while not self._stop.is_set():
                 try:
-                    # Subscribe first, then load: nothing published in between is missed.
-                    pubsub.subscribe(updates_channel(self.prefix, gate))
-                    self._load(client, gate)
-                    self._up()
-                    backoff = 0.2
+                    if not pubsub.subscribed:
+                        pubsub.subscribe(updates_channel(self.prefix, gate))
                     while not self._stop.is_set():
                         message = pubsub.get_message(timeout=1.0)
-                        if message is not None and message.get("type") == "message":
+                        if message is None:
+                            continue
+                        if message.get("type") == "subscribe":
+                            self._load(client, gate)
+                            self._up()
+                            backoff = 0.2
+                        elif message.get("type") == "message":
                             self._offer_json(message["data"])
                 except redis.RedisError as exc:
                     self._down(f"redis: {exc}")
@@ -418,24 +432,35 @@ class EmbeddedSource(_ThreadSource):
             raise GateError("depends_on: list at least one consumer group")
         if not topics:
             raise GateError("topics: list at least one topic")
-        self.kafka = {k: str(v) for k, v in kafka.items() if k not in CONSUMER_ONLY}
+        # Values are passed as they are: callables such as ``error_cb`` or ``oauth_cb`` too.
+        self.kafka = {k: v for k, v in kafka.items() if k not in CONSUMER_ONLY}
         self.topics = list(topics)
         self.depends_on = list(depends_on)
         self.poll_interval = poll_interval
         self.request_timeout = request_timeout
         self._state: Any = None
+        self._poller: Any = None
+
+    def start(self, view: WatermarkView) -> None:
+        """Builds the admin client first, so a bad configuration fails here, clearly."""
+        from gate._poller import OffsetPoller
+
+        try:
+            self._poller = OffsetPoller(
+                self.kafka,
+                {group: self.topics for group in self.depends_on},
+                request_timeout=self.request_timeout,
+                metadata_interval=max(1.0, self.poll_interval * 10),
+            )
+        except (KafkaException, TypeError, ValueError) as exc:
+            raise GateError(f"embedded source: invalid Kafka configuration: {exc}") from None
+        super().start(view)
 
     def run(self) -> None:
-        from gate._poller import OffsetPoller
         from gate._status import GateEvaluator
 
-        assert self.view is not None
-        poller = OffsetPoller(
-            self.kafka,
-            {group: self.topics for group in self.depends_on},
-            request_timeout=self.request_timeout,
-            metadata_interval=max(1.0, self.poll_interval * 10),
-        )
+        assert self.view is not None and self._poller is not None
+        poller = self._poller
         evaluator = GateEvaluator(self.view.gate, self.topics, self.depends_on)
         next_at = time.monotonic()
         while not self._stop.is_set():
@@ -504,9 +529,16 @@ class Gate:
     def start(self) -> Gate:
         if self._started:
             return self
+        started: list[WatermarkSource] = []
+        try:
+            for source in self.sources:
+                source.start(self.view)
+                started.append(source)
+        except BaseException:
+            for source in started:
+                source.stop()
+            raise
         self._started = True
-        for source in self.sources:
-            source.start(self.view)
         self._watchdog = threading.Thread(
             target=self._watch, name=f"gate-{self.name}-watch", daemon=True
         )

@@ -28,6 +28,10 @@ Options (those of Spark's JVM Kafka source where they fit):
 ``maxOffsetsPerTrigger``       most records per micro-batch, spread over partitions
 ``maxRecordsPerPartition``     split larger ranges over several Spark tasks (default 100000)
 ``includeHeaders``             ``true`` adds the ``headers`` column (default ``false``)
+``failOnDataLoss``             ``true`` (default): a planned range that retention or deletion
+                               removed from Kafka fails the query, naming the partition and
+                               the missing offsets; ``false``: logged, counted, and reading
+                               continues from the log start
 ``gate.name``                  the gate (required unless ``gate.enabled`` is ``false``)
 ``gate.redis.url``             follow the gate service through Redis (``gate.redis.prefix``)
 ``gate.http.url``              follow the gate service's HTTP API (``gate.http.token``)
@@ -127,6 +131,7 @@ class _Settings:
             lowered, "maxrecordsperpartition", "maxRecordsPerPartition", 100_000
         )
         self.headers = self._boolean(lowered, "includeheaders", "includeHeaders", False)
+        self.fail_on_data_loss = self._boolean(lowered, "failondataloss", "failOnDataLoss", True)
         self.gated = self._boolean(lowered, "gate.enabled", "gate.enabled", True)
         self.gate_name = lowered.get("gate.name", "")
         self.redis_url = lowered.get("gate.redis.url")
@@ -203,6 +208,8 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._admin: AdminClient | None = None
         self._gate: Any = None
         self._target: Offsets | None = None
+        self.lost_records = 0  # skipped because Kafka no longer had them (failOnDataLoss=false)
+        self._losses: set[tuple[str, str, int]] = set()  # reported already
 
     # Kafka clients and the gate's threads live on the driver only: never pickled to tasks.
     def __getstate__(self) -> dict[str, Any]:
@@ -289,6 +296,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Per partition, how far a batch may go now: min(end, watermark)."""
         counts = self._partitions()
         low, high = self._bounds(counts)
+        self._check_data_loss(start, low)
         snapshot = self._watermarks() if self.settings.gated else None
         end: Offsets = {}
         for topic, partitions in high.items():
@@ -308,6 +316,21 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 end.setdefault(topic, {})[partition] = max(begin, limit)
         return end
 
+    def _check_data_loss(self, start: Offsets, low: Offsets) -> None:
+        """Records between the query's position and the log start are gone from Kafka."""
+        for topic, partitions in sorted(start.items()):
+            for partition, begin in sorted(partitions.items()):
+                first = low.get(topic, {}).get(partition)
+                if first is None or begin >= first:
+                    continue
+                missing = data_loss(topic, int(partition), begin, first)
+                if self.settings.fail_on_data_loss:
+                    raise RuntimeError(missing)
+                if (topic, partition, begin) not in self._losses:
+                    self._losses.add((topic, partition, begin))
+                    self.lost_records += first - begin
+                    log.warning("%s; skipping them (failOnDataLoss is false)", missing)
+
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         end = self._available(start)
         if self._target is not None:  # Trigger.AvailableNow: never beyond the target
@@ -322,7 +345,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             maximum = None
         if maximum is not None:
             end = _cap(start, end, maximum)
-        return _sorted(end)
+        return _sorted(_not_below(start, end))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         maximum = self.settings.max_per_trigger
@@ -364,15 +387,32 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 "group.id": f"{NAME}-reader",  # never commits: offsets are Spark's
                 "enable.auto.commit": "false",
                 "enable.partition.eof": "true",
+                # A range Kafka no longer holds is an error, never a jump to the end.
+                "auto.offset.reset": "error",
             }
         )
         consumer = Consumer(config)
         try:
-            consumer.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
-            for messages in self._chunks(consumer, partition):
-                yield _record_batch(messages, partition, self.headers)
+            task = self._readable(consumer, partition)
+            if task.start < task.end:
+                consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+                for messages in self._chunks(consumer, task):
+                    yield _record_batch(messages, task, self.headers)
         finally:
             consumer.close()
+
+    def _readable(self, consumer: Consumer, task: OffsetRange) -> OffsetRange:
+        """The part of ``task`` Kafka still holds (failOnDataLoss=false), or the range."""
+        low, _ = consumer.get_watermark_offsets(
+            TopicPartition(task.topic, task.partition), timeout=10, cached=False
+        )
+        if task.start >= low:
+            return task
+        missing = data_loss(task.topic, task.partition, task.start, min(low, task.end))
+        if self.settings.fail_on_data_loss:
+            raise RuntimeError(missing)
+        log.warning("%s; skipping them (failOnDataLoss is false)", missing)
+        return OffsetRange(task.topic, task.partition, min(low, task.end), task.end)
 
     @staticmethod
     def _chunks(consumer: Consumer, task: OffsetRange) -> Iterator[list[Message]]:
@@ -390,6 +430,11 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                         if message.offset() >= task.end:
                             position = task.end
                         continue
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise RuntimeError(
+                            data_loss(task.topic, task.partition, position, task.end)
+                            + f" ({error.str()})"
+                        )
                     raise RuntimeError(
                         f"{NAME}: reading {task.topic}[{task.partition}]: {error.str()}"
                     )
@@ -448,6 +493,22 @@ class GatedKafkaSource(DataSource):
         return GatedKafkaStreamReader(self.options, self._headers())
 
 
+def data_loss(topic: str, partition: int, first: int, end: int) -> str:
+    return (
+        f"{NAME}: {topic}[{partition}]: offsets {first} to {end - 1} are no longer in Kafka "
+        "(removed by retention or deletion) and cannot be read; set the option "
+        "failOnDataLoss to false to skip them"
+    )
+
+
+def _not_below(start: Offsets, end: Offsets) -> Offsets:
+    """A plan never ends below its start (a dependency may have rewound below it)."""
+    return {
+        topic: {p: max(o, start.get(topic, {}).get(p, o)) for p, o in parts.items()}
+        for topic, parts in end.items()
+    }
+
+
 def _sorted(offsets: Offsets) -> Offsets:
     return {t: {p: offsets[t][p] for p in sorted(offsets[t], key=int)} for t in sorted(offsets)}
 
@@ -484,11 +545,18 @@ class ProgressCommitter(StreamingQueryListener):
     can depend on the Spark job. ``query_name`` limits it to one query."""
 
     def __init__(self, kafka: Mapping[str, Any], group: str, query_name: str | None = None) -> None:
-        self.kafka = {k: str(v) for k, v in kafka.items() if k not in CONSUMER_ONLY}
+        # Values are passed as they are: callables such as ``error_cb`` or ``oauth_cb`` too.
+        self.kafka = {k: v for k, v in kafka.items() if k not in CONSUMER_ONLY}
         self.group = group
         self.query_name = query_name
-        self._consumer: Consumer | None = None
         self.committed: dict[tuple[str, int], int] = {}
+        self._consumer: Consumer | None = self._open()  # a bad configuration fails here
+
+    def _open(self) -> Consumer:
+        try:
+            return Consumer({**self.kafka, "group.id": self.group, "enable.auto.commit": False})
+        except (KafkaException, TypeError, ValueError) as exc:
+            raise ValueError(f"ProgressCommitter: invalid Kafka configuration: {exc}") from None
 
     def onQueryStarted(self, event: Any) -> None:
         pass
@@ -524,9 +592,7 @@ class ProgressCommitter(StreamingQueryListener):
         if not changed:
             return
         if self._consumer is None:
-            self._consumer = Consumer(
-                {**self.kafka, "group.id": self.group, "enable.auto.commit": "false"}
-            )
+            self._consumer = self._open()
         try:
             self._consumer.commit(offsets=changed, asynchronous=False)
         except KafkaException as exc:

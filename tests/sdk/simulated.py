@@ -27,7 +27,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from sdk._shards import Item
+from gate._watermark import Snapshot
+from sdk import Gate, Options, ParallelConsumer
+from sdk._failures import FailurePolicy
+from sdk._gating import SourceState
+from sdk._maps import OffsetMaps
+from sdk._shards import Entry, Item
 
 TP = tuple[str, int]
 
@@ -303,3 +308,90 @@ class SimRunner:
 
     def close(self, wait: float = 0.0) -> None:
         self.running.clear()
+
+
+class SimSource:
+    """A watermark source the test feeds (the gate service, as far as the consumer knows)."""
+
+    def __init__(self) -> None:
+        self.state = SourceState("sim")
+
+    def start(self, view: Any) -> None:
+        self.state.up = True
+
+    def stop(self) -> None:
+        self.state.up = False
+
+    def explain(self, topic: str, partition: int, offset: int) -> None:
+        return None
+
+
+def sim_gate(name: str = "g") -> Gate:
+    return Gate(name, SimSource(), stale_after=3600)
+
+
+def offer(gate: Gate, version: int, watermarks: dict[TP, int | None], at: float = 0.0) -> None:
+    """Publish a snapshot to ``gate`` as its source would."""
+    gate.view.offer(Snapshot(gate.name, version, at, watermarks), gate.sources[0].state)
+
+
+class SpyPolicy(FailurePolicy):
+    """The engine's own failure policy, recording which records it chose to skip."""
+
+    skipped: set[tuple[TP, int]]
+
+    def decide(self, entry: Entry, error: BaseException, now: float) -> Any:
+        decision = super().decide(entry, error, now)
+        if decision == "skip":
+            self.skipped.add((entry.tp, entry.offset))
+        return decision
+
+
+class SimEngine(ParallelConsumer):
+    """The real shell with simulated clients, opened (subscribed) and ready for turns."""
+
+    sim: SimConsumer
+    runner: SimRunner
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        clock: Clock,
+        producer: SimProducer,
+        options: Options,
+        gate: Gate | None = None,
+        *,
+        skipped: set[tuple[TP, int]] | None = None,
+        maps: str | None = None,
+    ) -> None:
+        super().__init__(
+            {"group.id": "sim", "bootstrap.servers": "sim:9092"},
+            [cluster.topic],
+            lambda record: None,
+            options,
+            gate=gate,
+            registry=None,
+        )
+        self.cluster = cluster
+        self.producer = producer
+        self.maps_kind = maps or ("kafka" if cluster.keeps_metadata else "none")
+        self._time = self._mono = clock.time
+        self._inbox = SimInbox(clock)
+        policy = SpyPolicy(**vars(self.core.failures))
+        policy.skipped = skipped if skipped is not None else set()
+        self.core.failures = policy
+        self._open()
+
+    def _new_consumer(self, config: dict[str, Any]) -> Any:
+        self.sim = SimConsumer(self.cluster, config)
+        return self.sim
+
+    def _new_producer(self) -> Any:
+        return self.producer
+
+    def _new_runner(self, work: Any) -> Any:
+        self.runner = SimRunner(self._inbox, self.options.max_concurrency)
+        return self.runner
+
+    def _choose_maps(self) -> OffsetMaps:
+        return OffsetMaps(self.maps_kind, self.group)

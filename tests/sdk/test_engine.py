@@ -549,3 +549,134 @@ def test_a_handler_raising_anything_never_kills_a_worker(kafka: Kafka) -> None:
     finally:
         engine.stop()
     assert sorted(c.offset for c in recorder.calls if c.attempt == 2) == [0, 1, 2, 3]
+
+
+# ---- combined conditions ------------------------------------------------------------------
+
+
+class FedSource:
+    """A watermark source the test feeds."""
+
+    def __init__(self) -> None:
+        from sdk._gating import SourceState
+
+        self.state = SourceState("fed")
+        self.view = None
+
+    def start(self, view) -> None:  # type: ignore[no-untyped-def]
+        self.view = view
+
+    def stop(self) -> None:
+        pass
+
+    def explain(self, topic: str, partition: int, offset: int) -> None:
+        return None
+
+    def send(self, version: int, watermarks: dict) -> None:
+        from gate import Snapshot
+
+        assert self.view is not None
+        self.view.offer(Snapshot("g", version, time.time(), watermarks), self.state)
+
+
+def test_partitions_paused_behind_a_closed_gate_flow_after_rebalances(kafka: Kafka) -> None:
+    """Paused for back-pressure (the gate is closed and the shares are full), revoked and
+    assigned again by two eager rebalances: once the gate opens, everything flows."""
+    from confluent_kafka import Consumer
+
+    from sdk import Gate
+
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 100, 1: 100}, key=keyed)
+    source = FedSource()
+    gate = Gate("g", source)
+    source_gate = gate.start()
+    source.send(1, {(topic, 0): 0, (topic, 1): 0})
+    recorder = Recorder()
+    group = unique("paused")
+    engine = ParallelConsumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": group, **CONSUMER},
+        [topic],
+        recorder,
+        Options(max_buffered=20),
+        gate=source_gate,
+        registry=None,
+    )
+    assignments: list[int] = []
+    original = engine._rebalancer.on_assign
+    engine._rebalancer.on_assign = lambda c, p: (assignments.append(len(p)), original(c, p))  # type: ignore[method-assign]
+    engine.start()
+    other = None
+    try:
+        wait_until(
+            lambda: len(engine.stats().get("paused_partitions", [])) == 2,
+            timeout=30,
+            what="both partitions paused behind the closed gate",
+        )
+        other = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group, **CONSUMER})
+        other.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while len(assignments) < 2 and time.monotonic() < deadline:
+            other.poll(0.1)
+        assert len(assignments) >= 2, "the second member caused no rebalance"
+        other.close()
+        other = None
+        wait_until(lambda: len(assignments) >= 3, timeout=30, what="the partitions returning")
+        wait_until(lambda: len(engine.core.partitions) == 2, timeout=30, what="both back")
+        source.send(2, {(topic, 0): 100, (topic, 1): 100})
+        wait_until(lambda: len(recorder.done()) == 200, timeout=60, what="every record")
+    finally:
+        if other is not None:
+            other.close()
+        engine.stop()
+        gate.stop()
+    assert kafka.committed(group, topic, 2) == {0: 100, 1: 100}
+
+
+def test_a_terminal_failure_with_the_default_options_is_held_not_lost(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10}, key=lambda p, i: f"k{i}".encode())
+    recorder = Recorder(fail=lambda r: TerminalError("no") if r.offset == 3 else None)
+    registry = CollectorRegistry()
+    engine = ParallelConsumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": unique("held"), **CONSUMER},
+        [topic],
+        recorder,
+        Options(commit_interval=0.2),
+        registry=registry,
+    ).start()
+    try:
+        wait_until(lambda: len(recorder.done()) == 9, timeout=30, what="the other records")
+        wait_until(lambda: engine.stats().get("stuck") == 1, timeout=10, what="reported")
+        time.sleep(0.6)
+        assert kafka.committed(engine.group, topic, 1) == {0: 3}
+        text = generate_latest(registry).decode()
+        assert f'sdk_stuck_records{{group="{engine.group}"}} 1.0' in text
+    finally:
+        engine.stop()
+    assert kafka.committed(engine.group, topic, 1) == {0: 3}
+
+
+def test_a_coroutine_raising_cancelled_error_is_retried(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 5})
+    seen: list[tuple[int, int]] = []
+
+    async def handle(record: Record) -> None:
+        seen.append((record.offset, record.attempt))
+        if record.offset == 2 and record.attempt == 1:
+            raise asyncio.CancelledError()
+
+    engine = start_engine(
+        kafka.bootstrap,
+        topic,
+        handle,
+        Options(ordering=Ordering.PARTITION, retry_delay=lambda a, e: 0.05),
+    )
+    try:
+        wait_until(
+            lambda: kafka.committed(engine.group, topic, 1) == {0: 5}, timeout=30, what="commit"
+        )
+    finally:
+        engine.stop(timeout=5)
+    assert (2, 2) in seen

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import threading
 import time
 
@@ -236,3 +238,129 @@ def test_embedded_source_validates_its_arguments() -> None:
         EmbeddedSource({"bootstrap.servers": "x"}, [], ["g"])
     with pytest.raises(GateError, match="sources"):
         Gate("a", [])
+
+
+class HoldingProxy:
+    """A TCP proxy to Redis that can cut its connections and hold new ones unanswered (what
+    a client sent waits at the proxy) until released."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.holding = False
+        self.held: list[socket.socket] = []
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.holding:
+                self.held.append(client)
+            else:
+                self._join(client)
+
+    def _join(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.target))
+        self.open += [client, upstream]
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.holding = True
+        for connection in self.open:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        self.open = []
+
+    def release(self) -> None:
+        self.holding = False
+        held, self.held = self.held, []
+        for client in held:
+            self._join(client)
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_redis_source_reloads_the_hash_after_its_subscription_is_cut(
+    local_redis: LocalRedis,
+) -> None:
+    """A snapshot published while the subscription was down is read from the hash as soon as
+    it is back, not at the next heartbeat. With retries configured in the URL, redis-py
+    reconnects and re-subscribes by itself: nothing but the subscription's confirmation
+    tells the source it was ever gone."""
+    client = redis_client.Redis.from_url(local_redis.url)
+    prefix = unique("p")
+
+    def write(snapshot: Snapshot) -> None:
+        client.hset(
+            watermarks_key(prefix, "a"),
+            mapping=dict(zip(*[iter(snapshot_fields(snapshot))] * 2, strict=True)),
+        )
+        client.publish(updates_channel(prefix, "a"), json.dumps(snapshot.to_json()))
+
+    write(snap(10, {0: 5}))
+    proxy = HoldingProxy(local_redis.port)
+    gate = Gate(
+        "a", [RedisSource(f"redis://127.0.0.1:{proxy.port}/0?retry_on_timeout=true", prefix=prefix)]
+    ).start()
+    try:
+        wait_until(lambda: gate.snapshot is not None and gate.snapshot.version == 10)
+        proxy.cut()
+        wait_until(lambda: proxy.held, timeout=10, what="the client reconnecting")
+        write(snap(11, {0: 9}))  # published while nobody is subscribed: missed
+        proxy.release()
+        wait_until(
+            lambda: gate.snapshot.version == 11,  # type: ignore[union-attr]
+            timeout=5,
+            what="the snapshot published while the subscription was down",
+        )
+        assert gate.limit("t", 0) == 9
+    finally:
+        gate.stop()
+        proxy.close()
+
+
+def test_embedded_source_passes_callables_through_and_fails_fast_on_bad_config(
+    kafka: Kafka,
+) -> None:
+    topic = kafka.create_topic(1)
+    group = unique("dep")
+    kafka.commit(group, topic, {0: 4})
+    errors: list[object] = []
+    source = EmbeddedSource(
+        {"bootstrap.servers": kafka.bootstrap, "error_cb": errors.append}, [topic], [group]
+    )
+    gate = Gate("a", [source]).start()
+    try:
+        wait_until(lambda: gate.released(topic, 0, 3), timeout=20, what="a snapshot")
+        assert source.state.up
+    finally:
+        gate.stop()
+    broken = EmbeddedSource(
+        {"bootstrap.servers": kafka.bootstrap, "no.such": "x"}, [topic], [group]
+    )
+    with pytest.raises(GateError, match=r"invalid Kafka configuration.*no\.such"):
+        Gate("a", [broken]).start()
+
+
+def test_malformed_sources_fail_when_built() -> None:
+    with pytest.raises(GateError, match="redis"):
+        RedisSource("http://localhost:6379")

@@ -37,23 +37,12 @@ from hypothesis.stateful import (
 )
 
 from gate._watermark import Snapshot
-from sdk import Gate, Options, Ordering, ParallelConsumer, RetriableError, TerminalError
+from sdk import Gate, Options, Ordering, RetriableError, TerminalError
 from sdk._core import NOT_STARTED
-from sdk._failures import FailurePolicy
-from sdk._gating import SourceState
-from sdk._maps import OffsetMaps
 from sdk._offsets import read_offset_map
 from sdk._partition import PAUSED
-from sdk._shards import Entry, Item
-from tests.sdk.simulated import (
-    TP,
-    Clock,
-    Cluster,
-    SimConsumer,
-    SimInbox,
-    SimProducer,
-    SimRunner,
-)
+from sdk._shards import Item
+from tests.sdk.simulated import TP, Clock, Cluster, SimEngine, SimProducer, sim_gate
 
 TOPIC = "t"
 PARTITIONS = 3
@@ -66,69 +55,6 @@ FAILURE_POLICIES: dict[str, dict[str, Any]] = {
     "skip": {"max_attempts": 1, "on_exhausted": "skip"},
     "skip_terminal": {"on_exhausted": "skip"},
 }
-
-
-class SimSource:
-    """A watermark source the test feeds (the gate service, as far as the consumer knows)."""
-
-    def __init__(self) -> None:
-        self.state = SourceState("sim")
-
-    def start(self, view: Any) -> None:
-        self.state.up = True
-
-    def stop(self) -> None:
-        self.state.up = False
-
-    def explain(self, topic: str, partition: int, offset: int) -> None:
-        return None
-
-
-class SpyPolicy(FailurePolicy):
-    """The engine's own failure policy, recording which records it chose to skip."""
-
-    skipped: set[tuple[TP, int]]
-
-    def decide(self, entry: Entry, error: BaseException, now: float) -> Any:
-        decision = super().decide(entry, error, now)
-        if decision == "skip":
-            self.skipped.add((entry.tp, entry.offset))
-        return decision
-
-
-class SimEngine(ParallelConsumer):
-    """The real shell with simulated clients."""
-
-    def __init__(self, machine: ShellMachine, options: Options, gate: Gate | None) -> None:
-        super().__init__(
-            {"group.id": "sim", "bootstrap.servers": "sim:9092"},
-            [TOPIC],
-            lambda record: None,
-            options,
-            gate=gate,
-            registry=None,
-        )
-        self.machine = machine
-        self._time = self._mono = machine.clock.time
-        self._inbox = SimInbox(machine.clock)
-        policy = SpyPolicy(**vars(self.core.failures))
-        policy.skipped = machine.skipped
-        self.core.failures = policy
-
-    def _new_consumer(self, config: dict[str, Any]) -> Any:
-        self.sim = SimConsumer(self.machine.cluster, config)
-        return self.sim
-
-    def _new_producer(self) -> Any:
-        return self.machine.producer
-
-    def _new_runner(self, work: Any) -> Any:
-        self.runner = SimRunner(self._inbox, self.options.max_concurrency)
-        self.runner.on_submit = self.machine.started
-        return self.runner
-
-    def _choose_maps(self) -> OffsetMaps:
-        return OffsetMaps("kafka" if self.machine.cluster.keeps_metadata else "none", self.group)
 
 
 class ShellMachine(RuleBasedStateMachine):
@@ -184,10 +110,12 @@ class ShellMachine(RuleBasedStateMachine):
     def start_engine(self) -> None:
         gate = None
         if self.gated:
-            gate = Gate(GATE, SimSource(), stale_after=3600)
+            gate = sim_gate(GATE)
             self.offer(gate)
-        self.engine = SimEngine(self, self.options, gate)
-        self.engine._open()
+        self.engine = SimEngine(
+            self.cluster, self.clock, self.producer, self.options, gate, skipped=self.skipped
+        )
+        self.engine.runner.on_submit = self.started
         self.engine.sim.rebalance("assign", [(TOPIC, p) for p in range(PARTITIONS)])
         self.turn()
 

@@ -305,3 +305,87 @@ def test_max_offsets_per_trigger_spreads_at_most_the_maximum(ranges: dict, maxim
     assert all(0 <= taken[p] <= end["t"][p] - start["t"][p] for p in ranges)
     total = sum(end["t"][p] - start["t"][p] for p in ranges)
     assert sum(taken.values()) == min(total, maximum)
+
+
+def planner(kafka: Kafka, topic: str, **options: str):  # type: ignore[no-untyped-def]
+    """The source's reader on the driver, without a query (for planning and reading)."""
+    from sdk.spark import GatedKafkaStreamReader
+
+    given = {"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": topic, **options}
+    return GatedKafkaStreamReader(given, headers=False)
+
+
+def test_available_now_never_plans_an_end_below_its_start(kafka: Kafka) -> None:
+    """A dependency rewound below the checkpoint before the run: the AvailableNow target is
+    below the query's start, and the plan must not end below its start (no re-reading)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10})
+    dependency = unique("dep")
+    kafka.commit(dependency, topic, {0: 2})  # rewound from 8
+    source = planner(kafka, topic, **{"gate.name": "job", "gate.dependsOn": dependency})
+    try:
+        source.prepareForTriggerAvailableNow()
+        end = source.latestOffset({topic: {"0": 8}}, ReadAllAvailable())
+        assert end == {topic: {"0": 8}}
+    finally:
+        source.stop()
+
+
+def delete_first(kafka: Kafka, topic: str, before: int) -> None:
+    from confluent_kafka import TopicPartition
+
+    try:
+        for future in kafka.admin.delete_records([TopicPartition(topic, 0, before)]).values():
+            future.result(10)
+    except Exception as exc:
+        pytest.skip(f"this broker cannot delete records: {exc}")
+
+
+def test_records_gone_from_kafka_fail_the_query_by_default(kafka: Kafka) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from sdk.spark import OffsetRange
+
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10})
+    delete_first(kafka, topic, 6)
+    source = planner(kafka, topic, **{"gate.enabled": "false"})
+    with pytest.raises(RuntimeError, match=rf"{topic}\[0\]: offsets 2 to 5 are no longer"):
+        source.latestOffset({topic: {"0": 2}}, ReadAllAvailable())
+    with pytest.raises(RuntimeError, match="failOnDataLoss"):
+        list(source.read(OffsetRange(topic, 0, 2, 10)))
+
+
+def test_records_gone_from_kafka_are_skipped_when_asked(kafka: Kafka) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from sdk.spark import OffsetRange
+
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10})
+    delete_first(kafka, topic, 6)
+    source = planner(kafka, topic, **{"gate.enabled": "false", "failOnDataLoss": "false"})
+    assert source.latestOffset({topic: {"0": 2}}, ReadAllAvailable()) == {topic: {"0": 10}}
+    assert source.lost_records == 4
+    batches = list(source.read(OffsetRange(topic, 0, 2, 10)))
+    offsets = [o for batch in batches for o in batch.column("offset").to_pylist()]
+    assert offsets == [6, 7, 8, 9], "read from the log start, nothing jumped to the end"
+
+
+def test_the_progress_committer_passes_callables_through_and_fails_fast(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 5})
+    group = unique("job")
+    errors: list[object] = []
+    committer = ProgressCommitter(
+        {"bootstrap.servers": kafka.bootstrap, "error_cb": errors.append}, group
+    )
+    try:
+        committer.commit({topic: {"0": 3}})
+    finally:
+        committer.close()
+    assert kafka.committed(group, topic, 1) == {0: 3}
+    with pytest.raises(ValueError, match=r"invalid Kafka configuration.*no\.such"):
+        ProgressCommitter({"bootstrap.servers": kafka.bootstrap, "no.such": "x"}, group)

@@ -1,0 +1,372 @@
+"""Combined conditions that once broke the engine, replayed on the real shell with simulated
+clients (``simulated.py``): each test names the failure it guards against."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import queue
+from typing import Any
+
+import pytest
+
+from sdk import Options, Ordering, RetriableError, TerminalError
+from sdk._core import NOT_STARTED
+from sdk._offsets import _varints
+from sdk._options import OptionsError
+from sdk._record import DecodeError
+from sdk._runners import AsyncRunner, Work
+from sdk._shards import Entry, Item
+from tests.sdk.simulated import Clock, Cluster, SimEngine, SimProducer, offer, sim_gate
+
+TOPIC = "t"
+TP0 = (TOPIC, 0)
+
+
+class Shell:
+    """An engine on simulated clients, and the few moves these tests make."""
+
+    def __init__(
+        self,
+        options: Options,
+        *,
+        partitions: int = 1,
+        gated: bool = False,
+        keeps_metadata: bool = False,
+        cluster: Cluster | None = None,
+    ) -> None:
+        self.clock = Clock() if cluster is None else cluster.clock
+        self.cluster = cluster or Cluster(TOPIC, partitions, self.clock, keeps_metadata)
+        self.producer = SimProducer(self.cluster)
+        self.gate = sim_gate() if gated else None
+        self.version = 1
+        self.engine = SimEngine(self.cluster, self.clock, self.producer, options, self.gate)
+        self.sim = self.engine.sim
+        self.started: list[tuple[int, int]] = []  # (partition, offset) as handed to workers
+        self.engine.runner.on_submit = lambda item: self.started.extend(
+            (e.tp[1], e.offset) for e in item.entries
+        )
+        self.sim.rebalance("assign", list(self.cluster.logs))
+
+    def open_gate(self, **watermarks: int | None) -> None:
+        """``open_gate(p0=5)``: partition 0's watermark is 5 (None: nothing released)."""
+        assert self.gate is not None
+        self.version += 1
+        marks = {(TOPIC, int(k[1:])): v for k, v in watermarks.items()}
+        offer(self.gate, self.version, marks, self.clock.now)
+
+    def turn(self, times: int = 1, seconds: float = 0.005) -> float:
+        wait = 0.0
+        for _ in range(times):
+            self.clock.advance(seconds)
+            result = self.engine._turn()
+            assert result is not None, "the consumer stopped"
+            wait = result
+        return wait
+
+    def running(self) -> list[Item]:
+        return sorted(self.engine.runner.running.values(), key=lambda item: item.id)
+
+    def finish(self, item: Item, results: list[Any] | None = None) -> None:
+        self.engine.runner.report(item, results or [None] * len(item.entries))
+
+    def fail(self, item: Item, error: BaseException, offsets: set[int]) -> None:
+        """Report ``item`` as a worker would when the records at ``offsets`` raise ``error``:
+        in the ordered modes, the rest of a failed record's shard is not started."""
+        results: list[Any] = []
+        failed: set[int] = set()
+        ordered = self.engine.options.ordering != "unordered"
+        for entry in item.entries:
+            if ordered and id(entry.shard) in failed:
+                results.append(NOT_STARTED)
+            elif entry.offset in offsets:
+                results.append(error)
+                failed.add(id(entry.shard))
+            else:
+                results.append(None)
+        self.finish(item, results)
+
+    def finish_all(self, turns: int = 50, seconds: float = 0.05) -> None:
+        """Let every started record succeed, turn after turn."""
+        for _ in range(turns):
+            for item in self.running():
+                self.finish(item)
+            self.turn(seconds=seconds)
+
+    def committed(self, partition: int = 0) -> int | None:
+        found = self.cluster.commits.get((TOPIC, partition))
+        return None if found is None else found[0]
+
+
+# ---- 1: a paused partition revoked and assigned again is fetched again ------------------
+
+
+@pytest.mark.parametrize("rebalance", ["eager", "cooperative", "lost"])
+def test_a_partition_paused_for_back_pressure_is_fetched_again_after_a_rebalance(
+    rebalance: str,
+) -> None:
+    """Its gate is closed and its share of the buffer is full, so the partition is paused;
+    a rebalance takes it away and gives it back. librdkafka keeps the application's pause
+    across that: the engine must tell it to fetch again, or the partition stalls for good."""
+    shell = Shell(Options(ordering=Ordering.KEY, max_buffered=4), gated=True)
+    shell.cluster.produce(0, [b"k%d" % i for i in range(20)])
+    shell.turn(3)
+    assert TP0 in shell.sim.paused, "the full partition is paused"
+    if rebalance == "eager":
+        shell.sim.rebalance("revoke", [TP0])
+        shell.sim.rebalance("assign", [TP0])
+    elif rebalance == "cooperative":  # revoked now, returned by the next rebalance
+        shell.sim.rebalance("revoke", [TP0])
+        shell.turn()
+        shell.sim.rebalance("assign", [TP0])
+    else:
+        shell.sim.rebalance("lost", [TP0])
+        shell.turn()
+        shell.sim.rebalance("assign", [TP0])
+    shell.turn(3)
+    shell.open_gate(p0=20)
+    shell.finish_all()
+    assert shell.committed() == 20, "the re-assigned partition was never fetched again"
+
+
+# ---- 2: a record is done only when processed, dead-lettered or skipped by choice --------
+
+
+def test_a_terminal_failure_with_no_dead_letter_topic_is_held_and_never_committed_past() -> None:
+    shell = Shell(Options(ordering=Ordering.KEY))  # the defaults: no dead-letter topic
+    shell.cluster.produce(0, [b"a", b"b", b"c", b"a"])
+    shell.turn(2)
+    for item in shell.running():
+        shell.fail(item, TerminalError("bad"), {0})
+    shell.finish_all()
+    assert shell.committed() == 0, "committed past a record that was written nowhere"
+    shell.turn(seconds=1.0)
+    stats = shell.engine.stats()
+    assert stats["stuck"] == 1
+    assert stats["partitions"][TP0]["stuck"] == [(0, "TerminalError: bad")]
+    assert stats["counts"][TP0]["stuck"] == 1
+    assert stats["counts"][TP0]["dead_lettered"] == 0
+    # The held record holds its shard (key a: offset 3 waits behind it) and nothing else.
+    (stuck,) = shell.engine.core.stuck
+    assert [e.offset for e in stuck.shard.queue] == [0, 3]
+    assert shell.engine.core.partitions[TP0].done == {1, 2}
+
+
+def test_exhausted_attempts_with_no_dead_letter_topic_hold_the_record_too() -> None:
+    with pytest.raises(OptionsError):  # asking to dead-letter needs a topic
+        Options(max_attempts=2)
+    shell = Shell(Options(max_attempts=2, on_exhausted="skip"))
+    shell.cluster.produce(0, [b"a"])
+    shell.turn(2)
+    shell.fail(shell.running()[0], RetriableError("again"), {0})
+    shell.turn(2, seconds=60)
+    shell.fail(shell.running()[0], RetriableError("again"), {0})
+    shell.finish_all()
+    assert shell.committed() == 1  # skipped, as chosen
+    assert shell.engine.core.counts[TP0].skipped == 1
+
+
+def test_undecodable_records_reach_the_dead_letter_topic_when_exhausted_ones_are_skipped() -> None:
+    shell = Shell(
+        Options(on_decode_error="dead_letter", on_exhausted="skip", dead_letter_topic="dlt")
+    )
+    shell.cluster.produce(0, [b"a", b"b"])
+    shell.turn(2)
+    for item in shell.running():
+        shell.fail(item, DecodeError("value: bad"), {0})
+    shell.finish_all()
+    assert [dict(m.headers())["dlt.original.offset"] for m in shell.cluster.dead_letters] == [b"0"]
+    assert shell.committed() == 2
+    assert shell.engine.core.counts[TP0].skipped == 0
+
+
+# ---- 3: a coroutine raising CancelledError is a failure, not a lost item ----------------
+
+
+def test_a_cancelled_error_from_a_coroutine_handler_is_reported_as_a_failure() -> None:
+    async def handler(record: Any) -> None:
+        raise asyncio.CancelledError()  # e.g. a timeout the handler let escape
+
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    runner = AsyncRunner(Work(handler, Options()), 4, inbox)
+    try:
+        runner.submit(Item(1, [_entry(7)]))
+        (done,) = _reports(inbox)
+        assert done[1] == 1, "the item was never reported: its shard would wait for good"
+        assert isinstance(done[2][0], asyncio.CancelledError)
+    finally:
+        runner.close()
+
+
+def test_a_closing_async_runner_still_reports_every_item() -> None:
+    async def handler(record: Any) -> None:
+        await asyncio.sleep(3600)
+
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    runner = AsyncRunner(Work(handler, Options()), 2, inbox)
+    runner.submit(Item(1, [_entry(1), _entry(2)]))
+    runner.close(wait=1.0)
+    (done,) = _reports(inbox)
+    assert done[1] == 1 and done[2] == [NOT_STARTED, NOT_STARTED]
+
+
+def _reports(inbox: queue.SimpleQueue) -> list[tuple[Any, ...]]:  # type: ignore[type-arg]
+    message = inbox.get(timeout=10)
+    return list(message[1]) if message[0] == "done_many" else [message]
+
+
+def test_a_cancelled_record_in_the_shell_is_retried_and_its_commit_moves_on() -> None:
+    shell = Shell(Options(ordering=Ordering.PARTITION, retry_delay=lambda a, e: 0.0))
+    shell.cluster.produce(0, [b"a", b"a", b"a"])
+    shell.turn(2)
+    shell.fail(shell.running()[0], asyncio.CancelledError(), {0})
+    shell.finish_all()
+    assert shell.committed() == 3
+    assert shell.engine.core.counts[TP0].retried == 1
+
+
+# ---- 4: completed offsets behind a poison head are bounded --------------------------------
+
+
+def test_a_poison_head_with_other_keys_completing_keeps_memory_within_the_buffer() -> None:
+    shell = Shell(Options(ordering=Ordering.KEY, max_buffered=50, commit_interval=0.01))
+    shell.cluster.produce(0, [b"poison"] + [b"k%d" % i for i in range(1000)])
+    encodes = _count_encodes()
+    for _ in range(200):
+        for item in shell.running():
+            shell.finish(
+                item,
+                [
+                    RetriableError("no") if e.shard.key[1] == b"poison" else None
+                    for e in item.entries
+                ],
+            )
+        shell.turn(seconds=0.02)
+        assert shell.engine.core.held() <= 50
+    part = shell.engine.core.partitions[TP0]
+    assert part.held == 50 and len(part.done) == 49, "completed-beyond-head counts as held"
+    assert TP0 in shell.sim.paused, "at the bound the partition takes no new records"
+    assert shell.committed() == 0
+    # The map is encoded only when the completed offsets change, not every commit interval.
+    assert encodes() < 60
+
+
+def _count_encodes() -> Any:
+    import sdk._partition as partition
+
+    original = partition.encode_offset_map
+    calls = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    partition.encode_offset_map = counting  # type: ignore[assignment]
+    return lambda: calls[0]
+
+
+@pytest.fixture(autouse=True)
+def _restore_encoder() -> Any:
+    import sdk._partition as partition
+
+    original = partition.encode_offset_map
+    yield
+    partition.encode_offset_map = original  # type: ignore[assignment]
+
+
+def test_a_huge_offset_map_is_restored_as_ranges_after_checking_its_base() -> None:
+    """30 million completed offsets behind a stuck one: a tiny map, read as one range."""
+    clock = Clock()
+    cluster = Cluster(TOPIC, 1, clock, keeps_metadata=True)
+    # Run lengths from the base: 1 incomplete (offset 5), then 30 million completed.
+    text = "om1:5:r:" + base64.urlsafe_b64encode(_varints([1, 30_000_000])).decode()
+    assert len(text) < 64
+    cluster.commits[TP0] = (5, text)
+    shell = Shell(Options(), cluster=cluster)
+    shell.turn()
+    part = shell.engine.core.partitions[TP0]
+    assert list(part.restored) == [(6, 30_000_006)]
+    # A map written for another committed offset is not even decoded.
+    cluster.commits[TP0] = (4, text)
+    shell.sim.rebalance("revoke", [TP0])
+    shell.sim.rebalance("assign", [TP0])
+    shell.turn()
+    assert not shell.engine.core.partitions[TP0].restored
+
+
+# ---- 9: revoking forgets parked records ----------------------------------------------------
+
+
+def test_revoking_a_partition_forgets_its_parked_retries_and_delays() -> None:
+    shell = Shell(Options(ordering=Ordering.KEY, retry_delay=lambda a, e: 3600.0), partitions=2)
+    shell.cluster.produce(0, [b"a", b"b"])
+    shell.cluster.produce(1, [b"a"])
+    shell.turn(2)
+    for item in shell.running():
+        shell.fail(item, RuntimeError("later"), {e.offset for e in item.entries})
+    shell.turn()
+    assert len(shell.engine.core.parked()) == 3
+    shell.sim.rebalance("revoke", [TP0])
+    shell.turn()
+    parked = shell.engine.core.parked()
+    assert [shard.part.tp for shard in parked] == [(TOPIC, 1)]
+    assert all(e.tp != TP0 for e in shell.engine.core.retrying)
+
+
+# ---- 10: bad offset maps never break an assignment ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        "om1:\u00b2:r:AQE",  # a superscript two: isdigit() says yes, int() refuses it
+        "om1:\u0665:r:AQE",  # an Arabic-Indic digit five: isdigit() and int() accept it
+        "om1:5:R:" + "A" * 40,
+        "om1:99999999999999999999:r:AQE",
+        "om1:5:r:\u00e9",
+    ],
+)
+def test_a_malformed_offset_map_is_ignored_and_the_partition_replays(metadata: str) -> None:
+    clock = Clock()
+    cluster = Cluster(TOPIC, 1, clock, keeps_metadata=True)
+    cluster.produce(0, [b"a"] * 8)
+    cluster.commits[TP0] = (5, metadata)
+    shell = Shell(Options(), cluster=cluster)
+    shell.finish_all()
+    assert shell.committed() == 8
+
+
+# ---- 11: a due timer that cannot be served does not spin the loop ------------------------
+
+
+def test_a_due_retry_while_paused_by_the_user_does_not_spin() -> None:
+    shell = Shell(Options(retry_delay=lambda a, e: 0.01))
+    shell.cluster.produce(0, [b"a"])
+    shell.turn(2)
+    shell.fail(shell.running()[0], RuntimeError("again"), {0})
+    shell.engine.pause()
+    shell.turn()
+    assert shell.turn(seconds=1.0) >= 0.005  # the retry is due but may not start
+
+
+def test_a_due_retry_with_every_worker_busy_does_not_spin() -> None:
+    shell = Shell(Options(ordering=Ordering.KEY, max_concurrency=1, retry_delay=lambda a, e: 0.01))
+    shell.cluster.produce(0, [b"a", b"b", b"c", b"d", b"e"])
+    shell.turn(2)
+    shell.fail(shell.running()[0], RuntimeError("again"), {0})
+    shell.turn(seconds=0.001)
+    while len(shell.running()) < 2:  # fill the worker and its queue
+        shell.cluster.produce(0, [b"x%d" % len(shell.cluster.logs[TP0])])
+        shell.turn()
+    assert shell.engine._free_slots() == 0
+    assert shell.turn(seconds=1.0) >= 0.005
+
+
+def _entry(offset: int) -> Entry:
+    from sdk._partition import Counts, PartitionState
+    from sdk._shards import Shard
+    from tests.sdk.simulated import SimMessage
+
+    part = PartitionState(TP0, None, [], Counts(), 0.0)
+    shard = Shard(TP0, part)
+    return Entry(offset, part, shard, SimMessage(TP0, offset, None, 0), 0.0)
