@@ -35,10 +35,11 @@ bench: $(VENV)/.installed
 	$(BIN)/python -m bench.gating_bench
 	$(BIN)/python -m bench.spark_bench
 
-# The three-service scenario on real processes for SOAK_SECONDS (default 600).
+# The three-service scenario on real processes for SOAK_SECONDS (default 600), on each broker.
 SOAK_SECONDS ?= 600
 soak: $(VENV)/.installed
-	$(BIN)/python -m bench.soak --duration $(SOAK_SECONDS)
+	$(BIN)/python -m bench.soak --duration $(SOAK_SECONDS) --broker tansu
+	$(BIN)/python -m bench.soak --duration $(SOAK_SECONDS) --broker noida
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

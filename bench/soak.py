@@ -7,7 +7,7 @@ is checked against the invariant (A never started it before B and C had committe
 completeness and duplicates, with the longest waits, the processes' memory over time and the
 errors they logged. ``--kill-every S`` also kill -9s service A every S seconds.
 
-Run: ``python -m bench.soak --duration 600 [--rate 200] [--kill-every 0]``.
+Run: ``python -m bench.soak --duration 600 [--rate 200] [--kill-every 0] [--broker tansu|noida]``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from bench._report import console, percentile, table, write
+from gate._local import BROKERS
 from tests.faults.harness import Scenario
 
 
@@ -51,10 +52,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=300.0, help="seconds to produce")
     parser.add_argument("--rate", type=float, default=200.0, help="records per second")
     parser.add_argument("--kill-every", type=float, default=0.0, help="kill -9 service A (s)")
+    parser.add_argument("--broker", choices=sorted(BROKERS), default="tansu")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
-    scenario = Scenario(workdir, rate=args.rate)
+    scenario = Scenario(workdir, rate=args.rate, broker=BROKERS[args.broker])
     samples: list[dict[str, float | None]] = []
     kills = 0
     try:
@@ -97,6 +99,7 @@ def main() -> None:
     since_released = [r for _, r in waits]
     errors = errors_in(workdir)
     summary = {
+        "broker": args.broker,
         "duration_s": args.duration,
         "rate": args.rate,
         "records": report["records"],
@@ -114,7 +117,7 @@ def main() -> None:
         "errors_logged": errors,
     }
     table(
-        f"Soak: {args.duration:g} s at {args.rate:g} records/s (logs in {workdir})",
+        f"Soak on {args.broker}: {args.duration:g} s at {args.rate:g} records/s (logs in {workdir})",
         ["measure", "value"],
         [[k, str(v)] for k, v in summary.items()],
     )
@@ -124,7 +127,7 @@ def main() -> None:
         ["t (s)", *names],
         [[s["t"], *[f"{s[n]:.1f}" if s[n] else "–" for n in names]] for s in samples],
     )
-    write("soak", {**summary, "rss_mb": samples, "recoveries": report["recoveries"]})
+    write(f"soak-{args.broker}", {**summary, "rss_mb": samples, "recoveries": report["recoveries"]})
     if summary["violations"] or summary["missing"] or summary["unjustified_duplicates"]:
         raise SystemExit(1)
 

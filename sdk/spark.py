@@ -271,7 +271,8 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _watermarks(self) -> Snapshot | None:
         gate = self._gate
         if gate is None:
-            from sdk._gating import EmbeddedSource, Gate, HttpSource, RedisSource
+            from sdk._gating import Gate
+            from sdk._sources import EmbeddedSource, HttpSource, RedisSource
 
             settings = self.settings
             sources: list[Any] = []

@@ -1,9 +1,11 @@
 """Real services for the tests, started once per run and always stopped.
 
 Kafka: ``KAFKA_BOOTSTRAP`` if set, else a testcontainers Kafka container when a Docker engine
-answers, else a local Tansu broker process. Redis: ``REDIS_URL``, else testcontainers, else a
-local ``redis-server`` process. Tests that need to kill, suspend or restart a service start a
-dedicated local process of their own (see ``local_broker`` and ``local_redis``).
+answers, else local broker processes: every broker-dependent test runs on both local brokers,
+Tansu and noida-db (``--broker tansu`` or ``--broker noida`` runs one). Redis: ``REDIS_URL``,
+else testcontainers, else a local ``redis-server`` process. Tests that need to kill, suspend
+or restart a service start a dedicated local process of their own (see ``local_broker`` and
+``local_redis``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,47 @@ from collections.abc import Iterator
 
 import pytest
 
-from gate._local import LocalBroker, LocalRedis, LocalServiceError
-from tests.support import Kafka
+from gate._local import BROKERS, LocalBroker, LocalRedis, LocalServiceError
+from tests.support import Broker, Kafka
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run long-running variants")
+    parser.addoption(
+        "--broker",
+        action="append",
+        choices=sorted(BROKERS),
+        help="run the broker-dependent tests on this local broker only (repeatable; "
+        "default: every one)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that needs a broker runs once per broker."""
+    if "broker" not in metafunc.fixturenames:
+        return
+    if os.environ.get("KAFKA_BOOTSTRAP") or docker_answers():
+        names = ["external"]
+    else:
+        names = metafunc.config.getoption("--broker") or sorted(BROKERS, reverse=True)
+    metafunc.parametrize("broker", names, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def broker(request: pytest.FixtureRequest) -> Broker:
+    """Which broker this test runs on, and what that broker can do."""
+    name = request.param
+    if name == "external":
+        return Broker("external", keeps_metadata=True, adds_partitions=True, keeps_data=True)
+    kind = BROKERS[name]
+    return Broker(
+        name,
+        keeps_metadata=kind.keeps_metadata,
+        adds_partitions=kind.adds_partitions,
+        keeps_data=kind.keeps_data,
+        cooperative_rebalances=kind.cooperative_rebalances,
+        evicts_dead_members=kind.evicts_dead_members,
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -42,7 +79,7 @@ def docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
+def kafka_bootstrap(broker: Broker) -> Iterator[str]:
     if os.environ.get("KAFKA_BOOTSTRAP"):
         yield os.environ["KAFKA_BOOTSTRAP"]
         return
@@ -52,13 +89,13 @@ def kafka_bootstrap() -> Iterator[str]:
         with KafkaContainer() as container:
             yield container.get_bootstrap_server()
         return
-    with LocalBroker() as broker:
-        yield broker.bootstrap
+    with BROKERS[broker.name]() as process:
+        yield process.bootstrap
 
 
 @pytest.fixture(scope="session")
-def kafka(kafka_bootstrap: str) -> Kafka:
-    return Kafka(kafka_bootstrap)
+def kafka(kafka_bootstrap: str, broker: Broker) -> Kafka:
+    return Kafka(kafka_bootstrap, broker)
 
 
 @pytest.fixture(scope="session")
@@ -79,15 +116,18 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def local_broker() -> Iterator[LocalBroker]:
-    """A broker of this test's own, for suspending or killing it."""
-    broker = LocalBroker()
+def local_broker(broker: Broker) -> Iterator[LocalBroker]:
+    """A broker process of this test's own (of the kind under test), for suspending, killing
+    or restarting it."""
+    if broker.name not in BROKERS:
+        pytest.skip("needs a local broker process (KAFKA_BOOTSTRAP points elsewhere)")
+    process = BROKERS[broker.name]()
     try:
-        broker.start()
+        process.start()
     except LocalServiceError as exc:
         pytest.skip(f"needs a local broker process: {exc}")
-    with contextlib.closing(broker):
-        yield broker
+    with contextlib.closing(process):
+        yield process
 
 
 @pytest.fixture

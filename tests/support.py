@@ -35,11 +35,34 @@ def wait_until(
         time.sleep(interval)
 
 
+@dataclass(frozen=True)
+class Broker:
+    """The broker a test runs on, and what it can do (see ``gate._local``)."""
+
+    name: str
+    keeps_metadata: bool = False
+    adds_partitions: bool = False
+    keeps_data: bool = False
+    cooperative_rebalances: bool = True
+    evicts_dead_members: bool = True
+
+    def require_eviction(self) -> None:
+        """Skip a test that kills a group member when this broker never evicts it."""
+        import pytest
+
+        if not self.evicts_dead_members:
+            pytest.skip(
+                f"{self.name} never evicts a group member that died without leaving: "
+                "nobody could join the group again"
+            )
+
+
 @dataclass
 class Kafka:
     """A handle on the test broker with the few operations tests need."""
 
     bootstrap: str
+    broker: Broker = field(default_factory=lambda: Broker("unknown"))
     admin: AdminClient = field(init=False)
 
     def __post_init__(self) -> None:

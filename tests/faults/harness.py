@@ -98,10 +98,12 @@ class Producer_(threading.Thread):
 
 
 class Scenario:
-    def __init__(self, workdir: Path, rate: float = 200.0) -> None:
+    def __init__(
+        self, workdir: Path, rate: float = 200.0, broker: type[LocalBroker] = LocalBroker
+    ) -> None:
         self.workdir = workdir
         self.rate = rate
-        self.broker = LocalBroker()
+        self.broker = broker()
         self.redis = LocalRedis()
         self.topic = "payments"
         self.group = "service-a"

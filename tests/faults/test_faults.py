@@ -15,13 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from gate._local import LocalServiceError
+from gate._local import BROKERS, LocalServiceError
 from tests.faults.harness import Scenario, commit, committed, record
+from tests.support import Broker
 
 
 @pytest.fixture
-def scenario(tmp_path: Path) -> Iterator[Scenario]:
-    running = Scenario(tmp_path)
+def scenario(tmp_path: Path, broker: Broker) -> Iterator[Scenario]:
+    if broker.name not in BROKERS:
+        pytest.skip("needs local broker processes (KAFKA_BOOTSTRAP points elsewhere)")
+    running = Scenario(tmp_path, broker=BROKERS[broker.name])
     try:
         running.start()
     except LocalServiceError as exc:
@@ -35,7 +38,7 @@ def scenario(tmp_path: Path) -> Iterator[Scenario]:
 
 
 def check(name: str, scenario: Scenario, report: dict) -> None:
-    record(name, report)
+    record(f"{name} ({scenario.broker.kind})", report)
     assert report["violations"] == [], report["violations"][:10]
     assert report["missing"] == [], report["missing"][:10]
     assert report["unjustified_duplicates"] == [], report["unjustified_duplicates"][:10]
@@ -43,7 +46,8 @@ def check(name: str, scenario: Scenario, report: dict) -> None:
 
 
 @pytest.mark.parametrize("kills", [pytest.param(3), pytest.param(10, marks=pytest.mark.slow)])
-def test_the_dependent_killed_mid_batch(scenario: Scenario, kills: int) -> None:
+def test_the_dependent_killed_mid_batch(scenario: Scenario, kills: int, broker: Broker) -> None:
+    broker.require_eviction()
     for i in range(kills):
         time.sleep(0.5 + (i % 3) * 0.5)  # into its steady state: handlers mid-batch
         victim = scenario.dependents[0]
@@ -115,6 +119,21 @@ def test_a_rebalance_storm(scenario: Scenario, seconds: float) -> None:
     scenario.end(fault)
     produced = scenario.finish()
     check(f"rebalance storm {seconds:g}s", scenario, scenario.report(produced))
+
+
+@pytest.mark.parametrize("down", [pytest.param(2.0), pytest.param(10.0, marks=pytest.mark.slow)])
+def test_the_broker_restarted_with_its_data(scenario: Scenario, down: float) -> None:
+    """Stopped and started again on the same data: topics, records and every group's commits
+    survive, and everyone reconnects by themselves."""
+    if not scenario.broker.keeps_data:
+        pytest.skip(f"{scenario.broker.kind} keeps everything in memory: a restart loses it all")
+    fault = scenario.fault(f"broker restarted, down {down:g}s")
+    scenario.broker.stop()
+    time.sleep(down)
+    scenario.broker.start()
+    scenario.end(fault)
+    produced = scenario.finish()
+    check(f"broker restarted, down {down:g}s", scenario, scenario.report(produced))
 
 
 def test_a_dependency_group_rewound(scenario: Scenario) -> None:

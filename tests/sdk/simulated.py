@@ -30,9 +30,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from gate._watermark import Snapshot
 from sdk import Gate, Options, ParallelConsumer
 from sdk._failures import FailurePolicy
-from sdk._gating import SourceState
 from sdk._maps import OffsetMaps
 from sdk._shards import Entry, Item
+from sdk._view import SourceState
 
 TP = tuple[str, int]
 

@@ -558,7 +558,7 @@ class FedSource:
     """A watermark source the test feeds."""
 
     def __init__(self) -> None:
-        from sdk._gating import SourceState
+        from sdk._view import SourceState
 
         self.state = SourceState("fed")
         self.view = None
@@ -579,13 +579,18 @@ class FedSource:
         self.view.offer(Snapshot("g", version, time.time(), watermarks), self.state)
 
 
-def test_partitions_paused_behind_a_closed_gate_flow_after_rebalances(kafka: Kafka) -> None:
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
+def test_partitions_paused_behind_a_closed_gate_flow_after_rebalances(
+    kafka: Kafka, assignor: str
+) -> None:
     """Paused for back-pressure (the gate is closed and the shares are full), revoked and
-    assigned again by two eager rebalances: once the gate opens, everything flows."""
+    assigned again by two rebalances: once the gate opens, everything flows."""
     from confluent_kafka import Consumer
 
     from sdk import Gate
 
+    if assignor == "cooperative-sticky" and not kafka.broker.cooperative_rebalances:
+        pytest.skip(f"{kafka.broker.name}: cooperative-sticky rebalances hang in most tries")
     topic = kafka.create_topic(2)
     kafka.produce(topic, {0: 100, 1: 100}, key=keyed)
     source = FedSource()
@@ -594,8 +599,9 @@ def test_partitions_paused_behind_a_closed_gate_flow_after_rebalances(kafka: Kaf
     source.send(1, {(topic, 0): 0, (topic, 1): 0})
     recorder = Recorder()
     group = unique("paused")
+    config = {**CONSUMER, "partition.assignment.strategy": assignor}
     engine = ParallelConsumer(
-        {"bootstrap.servers": kafka.bootstrap, "group.id": group, **CONSUMER},
+        {"bootstrap.servers": kafka.bootstrap, "group.id": group, **config},
         [topic],
         recorder,
         Options(max_buffered=20),
@@ -613,7 +619,7 @@ def test_partitions_paused_behind_a_closed_gate_flow_after_rebalances(kafka: Kaf
             timeout=30,
             what="both partitions paused behind the closed gate",
         )
-        other = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group, **CONSUMER})
+        other = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group, **config})
         other.subscribe([topic])
         deadline = time.monotonic() + 30
         while len(assignments) < 2 and time.monotonic() < deadline:
@@ -680,3 +686,44 @@ def test_a_coroutine_raising_cancelled_error_is_retried(kafka: Kafka) -> None:
     finally:
         engine.stop(timeout=5)
     assert (2, 2) in seen
+
+
+def test_offset_maps_go_in_the_commit_metadata_where_the_broker_keeps_it(kafka: Kafka) -> None:
+    """With the default store ("auto"): on a broker that keeps commit metadata the map rides
+    with the commit and a restart skips what completed; elsewhere, plain replay."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 30}, key=lambda p, i: f"k{i}".encode())
+    group = unique("group")
+    block = threading.Event()
+    first = Recorder(sleep=lambda r: 30.0 if r.offset == 2 and not block.is_set() else 0.0)
+    options = Options(ordering=Ordering.KEY, max_concurrency=4, commit_interval=0.2)
+    engine = start_engine(kafka.bootstrap, topic, first, options, group=group)
+    try:
+        wait_until(lambda: len(first.done()) == 29, timeout=30, what="all but the slow record")
+        time.sleep(1.0)  # a commit with the offset map
+        store = engine.stats()["offset_map_store"]
+    finally:
+        block.set()
+        engine.stop(drain=False)
+    expected = "kafka" if kafka.broker.keeps_metadata else "none"
+    assert store == expected
+    reader = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    try:
+        (found,) = reader.committed([TopicPartition(topic, 0)], timeout=10)
+    finally:
+        reader.close()
+    assert found.offset == 2
+    if kafka.broker.keeps_metadata:
+        assert (found.metadata or "").startswith("om1:2:")
+    second = Recorder()
+    engine = start_engine(kafka.bootstrap, topic, second, options, group=group)
+    try:
+        wait_until(
+            lambda: kafka.committed(group, topic, 1) == {0: 30}, timeout=30, what="the restart"
+        )
+    finally:
+        engine.stop()
+    replayed = sorted(c.offset for c in second.calls)
+    assert replayed == ([2] if kafka.broker.keeps_metadata else list(range(2, 30)))

@@ -58,6 +58,7 @@ def test_kill_and_restart_processes_every_record_at_least_once(
     was committed before a kill is processed again. Duplicates are printed: with an offset
     map they are what was in flight or finished since the last commit; without one (this
     broker drops commit metadata), also what finished out of order above the commit point."""
+    kafka.broker.require_eviction()
     redis_url = request.getfixturevalue("local_redis").url if offset_map == "redis" else ""
     topic = kafka.create_topic(3)
     per_partition = 400

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,31 @@ from tests.support import Kafka, gate_config, unique, wait_until
 
 PARTITIONS = 3
 PER_PARTITION = 150
+
+
+class CommitLoggingConsumer(ParallelConsumer):
+    """The engine, logging each commit with the moment just before it is sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple[float, int, int]] = []
+
+    def _new_consumer(self, config: dict) -> Any:
+        return _LoggingClient(super()._new_consumer(config), self.sent)
+
+
+class _LoggingClient:
+    def __init__(self, consumer: Any, sent: list[tuple[float, int, int]]) -> None:
+        self._consumer = consumer
+        self._sent = sent
+
+    def commit(self, *args: Any, offsets: Any = None, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        self._sent.extend((now, tp.partition, tp.offset) for tp in offsets or [])
+        return self._consumer.commit(*args, offsets=offsets, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
 
 
 def scenario(
@@ -164,24 +190,13 @@ def test_chain_a_waits_for_b_which_waits_for_c(kafka: Kafka) -> None:
     service_c = DependencyService(
         kafka, topic, c_group, 2, (0.002, 0.006), pause_every=2.0, pause_for=0.5, seed=3
     )
-    b_commits: list[tuple[float, int, int]] = []
-    b_lock = threading.Lock()
     starts_a, starts_b = Starts(), Starts()
 
-    def on_b_commit(offsets: dict[tuple[str, int], int]) -> None:
-        now = time.monotonic()
-        with b_lock:
-            b_commits.extend((now, p, o) for (_, p), o in offsets.items())
-
-    from sdk import Hooks
-
-    def consumer(
-        group: str, handler: Starts, depends_on: str, hooks: Hooks | None = None
-    ) -> ParallelConsumer:
+    def consumer(group: str, handler: Starts, depends_on: str) -> CommitLoggingConsumer:
         source = EmbeddedSource(
             {"bootstrap.servers": kafka.bootstrap}, [topic], [depends_on], poll_interval=0.05
         )
-        return ParallelConsumer(
+        return CommitLoggingConsumer(
             {
                 "bootstrap.servers": kafka.bootstrap,
                 "group.id": group,
@@ -194,13 +209,12 @@ def test_chain_a_waits_for_b_which_waits_for_c(kafka: Kafka) -> None:
                 ordering=Ordering.KEY,
                 max_concurrency=4,
                 commit_interval=0.1,
-                hooks=hooks or Hooks(),
             ),
             gate=Gate(group, [source]),
             registry=None,
         )
 
-    b = consumer(b_group, starts_b, c_group, Hooks(on_commit=on_b_commit)).start()
+    b = consumer(b_group, starts_b, c_group).start()
     a = consumer(a_group, starts_a, b_group).start()
     service_c.start()
     kafka.produce(topic, {0: 100, 1: 100}, key=lambda p, i: f"k{i % 5}".encode())
@@ -215,12 +229,12 @@ def test_chain_a_waits_for_b_which_waits_for_c(kafka: Kafka) -> None:
     assert violations(starts_b, [service_c]) == []
     with starts_a.lock:
         a_records = list(starts_a.starts)
+    b_commits = list(b.sent)
     for started, partition, offset in a_records:
-        # on_commit runs after the commit was acknowledged, so this is a strict check.
-        with b_lock:
-            assert any(p == partition and o > offset and t <= started for t, p, o in b_commits), (
-                f"A started {partition}@{offset} before B committed past it"
-            )
+        # B's commits are logged just before they are sent: a strict check.
+        assert any(p == partition and o > offset and t <= started for t, p, o in b_commits), (
+            f"A started {partition}@{offset} before B sent a commit past it"
+        )
 
 
 @pytest.mark.parametrize("closed_for", [10.0])

@@ -1,0 +1,319 @@
+"""The consumer's thread: the loop that drives the core, and how it waits.
+
+Each turn of the loop fetches, applies results and commands from the inbox, hands work to the
+runner, serves dead-letter reports, commits on its interval, tells librdkafka which
+partitions to pause or resume, publishes stats, and returns how long it may then block
+waiting for news; it never blocks itself, so tests can drive it turn by turn. The loop waits
+in the consumer's ``poll()`` when nothing is held (a new record wakes it at once) and on the
+inbox otherwise (results and commands wake it). The revoke callback, which runs inside
+``consume()``, waits for the revoked partitions' results alone and leaves every other
+command in the inbox for the next turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from sdk import _stats
+from sdk._core import TP, Entry, WorkCore
+
+if TYPE_CHECKING:
+    from sdk._commits import Committer
+    from sdk._dead_letters import DeadLetters
+    from sdk._holds import Holds
+    from sdk._options import Options
+    from sdk._rebalance import Rebalancer
+    from sdk._runners import Runner
+    from sdk._sizing import ItemSizer
+
+log = logging.getLogger("sdk")
+
+_FETCH_MAX = 5000
+"""Most records taken from librdkafka in one go."""
+_FETCH_EVERY = 0.002
+"""Seconds between fetches while records are held or running."""
+_MIN_WAIT = 0.001
+"""The loop never blocks for less: a timer that is due but cannot be served must not spin."""
+
+
+class EngineError(RuntimeError):
+    """The consumer stopped because of an error it cannot recover from."""
+
+
+class ConsumerLoop:
+    """The loop of :class:`~sdk.ParallelConsumer`, on the consumer's thread (its state is set
+    up by ``ParallelConsumer.__init__``)."""
+
+    options: Options
+    core: WorkCore
+    paused_by_user: bool
+    _time: Callable[[], float]
+    _mono: Callable[[], float]
+    _inbox: queue.SimpleQueue[tuple[Any, ...]]
+    _deferred: deque[tuple[Any, ...]]
+    _consumer: Consumer | None
+    _runner: Runner | None
+    _dead_letters: DeadLetters | None
+    _committer: Committer
+    _rebalancer: Rebalancer
+    _sizer: ItemSizer
+    _holds: Holds | None
+    _stats: dict[str, Any]
+    _stop: tuple[bool, float, bool] | None
+    _watermarks_pending: threading.Event
+    _fetched_at: float
+    _commit_at: float
+    _stats_at: float
+
+    def _loop(self) -> None:
+        while True:
+            wait = self._turn()
+            if wait is None:
+                return
+            if self._idle():
+                self._fetch(wait)  # nothing held: new records (or a command) wake it
+            else:
+                self._drain_inbox(block=wait)  # results and commands wake it
+
+    def _turn(self) -> float | None:
+        """One turn of the loop (it never blocks). Returns how long the loop may now wait for
+        news, or None once stopped."""
+        mono = self._mono()
+        if self._stop is not None and self._stop_done(mono):
+            return None
+        if mono - self._fetched_at >= _FETCH_EVERY:
+            self._fetch(0.0)
+        self._drain_inbox(block=0.0)
+        now = self._time()
+        self._dispatch(now)
+        if self._dead_letters is not None:
+            self._dead_letters.poll()
+        mono = self._mono()
+        if mono - self._commit_at >= self.options.commit_interval:
+            self._commit_at = mono
+            self._committer.commit(self._consumer, sync=False)
+        self._apply_pauses()  # after the commit: collecting progress frees room
+        if mono - self._stats_at >= 0.5:
+            self._stats_at = mono
+            self._stats = _stats.snapshot(self, now)
+            if self._holds is not None:
+                self._holds.log_long(now, self._stats["partitions"])
+        return self._wait_time(now)
+
+    def _idle(self) -> bool:
+        return not self.core.outstanding and not self.core.held() and self._stop is None
+
+    def _wait_time(self, now: float) -> float:
+        """How long nothing can happen without news: records running report soon; with only
+        held records (a closed gate, a retry delay) watermark changes and timers wake us."""
+        core = self.core
+        if core.outstanding:
+            wait = 0.005
+        elif not self._idle():
+            wait = 0.02
+        else:
+            wait = min(0.1, self.options.commit_interval)
+        due = core.next_due()
+        if due is not None and self._free_slots() > 0 and not core.paused_all:
+            wait = min(wait, due - now)  # a parked record we could start becomes due
+        return max(_MIN_WAIT, wait)
+
+    def _fetch(self, timeout: float) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        room = self.core.buffer_limit - self.core.held()
+        if room <= 0:
+            # Full, so every partition is paused and this only serves callbacks; but a
+            # partition assigned during it may hand over a record: it is put back for later.
+            for message in consumer.consume(1, 0):
+                self._put_back(consumer, message)
+            self._fetched_at = self._mono()
+            self._apply_pauses()
+            return
+        if timeout > 0:
+            # consume(n, timeout) waits until n records arrived or the timeout passed, so
+            # wait in poll() (which returns with the first record) and take the rest after.
+            first = consumer.poll(timeout)
+            messages = [] if first is None else [first]
+            if first is not None and room > 1:
+                messages += consumer.consume(min(_FETCH_MAX, room - 1), 0)
+        else:
+            messages = consumer.consume(min(_FETCH_MAX, room), 0)
+        self._fetched_at = self._mono()
+        if messages and self._stop is None:  # while stopping, fetched records are left alone
+            self._register(messages, self._time())
+            self._apply_pauses()  # a large fetch may fill shares: pause before the next one
+
+    def _put_back(self, consumer: Consumer, message: Message) -> None:
+        """Seek back to a record the engine has no room for (it is fetched again later)."""
+        if message.error() is not None:
+            self._message_error(message.error())
+            return
+        try:
+            consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+        except KafkaException as exc:
+            log.debug("could not put back %s: keeping it (%s)", message.offset(), exc)
+            self._register([message], self._time())
+
+    def _register(self, messages: list[Message], now: float) -> None:
+        bad = [m for m in messages if m.error() is not None]
+        if bad:
+            for message in bad:
+                self._message_error(message.error())
+            messages = [m for m in messages if m.error() is None]
+        self.core.add_messages(messages, now, with_timestamps=bool(self.options.process_delay))
+
+    def _message_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if error.fatal():
+            raise EngineError(f"fatal Kafka error: {error.str()}")
+        log.warning("consumer error: %s", error.str())
+
+    # ---- handing out work ---------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        runner = self._runner
+        if runner is None or self.paused_by_user:
+            return 0
+        return self.options.max_concurrency + runner.queued_items - len(self.core.outstanding)
+
+    def _dispatch(self, now: float) -> None:
+        slots = self._free_slots()
+        if slots <= 0 or not self.core.has_ready(now):
+            return
+        assert self._runner is not None
+        shape = self._sizer.shape(self.core.held() - self.core.in_flight())
+        for item in self.core.take(now, slots, shape):
+            self._runner.submit(item)
+
+    # ---- inbox --------------------------------------------------------------------------
+
+    def _drain_inbox(self, block: float) -> None:
+        deferred = self._deferred
+        while deferred:
+            self._handle(deferred.popleft(), self._time())
+        inbox = self._inbox
+        try:
+            message = inbox.get(timeout=block) if block > 0 else inbox.get_nowait()
+        except queue.Empty:
+            return
+        now = self._time()
+        while True:
+            self._handle(message, now)
+            try:
+                message = inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, message: tuple[Any, ...], now: float) -> None:
+        kind = message[0]
+        if kind == "done":
+            self._completed(message, now)
+        elif kind == "done_many":
+            for done in message[1]:
+                self._completed(done, now)
+        elif kind == "watermarks":
+            self._watermarks_pending.clear()
+            if self._holds is not None:
+                self._holds.apply(now)
+        elif kind == "stop":
+            _, drain, deadline, drain_buffered = message
+            if self._stop is None:
+                self._begin_stop(drain, deadline, drain_buffered)
+        elif kind == "pause":
+            self.paused_by_user = True
+            self.core.pause_all()
+        elif kind == "resume":
+            self.paused_by_user = False
+            if self._stop is None or self._stop[2]:
+                self.core.resume_all()
+        else:
+            log.debug("ignored inbox message %r", kind)
+
+    def _completed(self, message: tuple[Any, ...], now: float) -> None:
+        _, item_id, results, seconds, count = message
+        self._sizer.observe(seconds, count)
+        outcome = self.core.complete(item_id, results, now)
+        for entry in outcome.dead_letters:
+            assert self._dead_letters is not None  # a dead-letter decision needs the topic
+            self._dead_letters.send(entry)
+        for entry in outcome.stuck:
+            _report_stuck(entry)
+
+    def _await_results(self, tps: set[TP], deadline: float) -> None:
+        """Inside the revoke callback: apply results until no record of ``tps`` is in flight
+        or waits for its dead-letter copy. Other commands wait for the next turn."""
+        core = self.core
+        while self._mono() < deadline:
+            busy = core.in_flight_partitions() | {e.tp for e in core.dead_letter_pending}
+            if not tps & busy:
+                return
+            if self._dead_letters is not None:
+                self._dead_letters.poll()
+            try:
+                message = self._inbox.get(timeout=0.01)
+            except queue.Empty:
+                continue
+            if message[0] in ("done", "done_many"):
+                self._handle(message, self._time())
+            else:
+                self._deferred.append(message)
+
+    # ---- gating -------------------------------------------------------------------------
+
+    def _on_watermarks(self, snapshot: Any) -> None:
+        """From a source's thread: wake the consumer's thread (once per burst)."""
+        if not self._watermarks_pending.is_set():
+            self._watermarks_pending.set()
+            self._inbox.put(("watermarks",))
+
+    # ---- stopping -----------------------------------------------------------------------
+
+    def _begin_stop(self, drain: bool, deadline: float, drain_buffered: bool) -> None:
+        self._stop = (drain, deadline, drain_buffered)
+        log.info(
+            "stopping (%s)",
+            "draining in-flight" + (" and buffered" if drain_buffered else "")
+            if drain
+            else "at once",
+        )
+        self.core.stop_fetching()
+        self._apply_pauses()
+        if not (drain and drain_buffered):
+            self.core.pause_all()
+
+    def _stop_done(self, mono: float) -> bool:
+        assert self._stop is not None
+        drain, deadline, drain_buffered = self._stop
+        if not drain or mono >= deadline:
+            return True
+        if self.core.outstanding or self.core.dead_letter_pending:
+            return False
+        return not (drain_buffered and self.core.held())
+
+    # ---- fetching -----------------------------------------------------------------------
+
+    def _apply_pauses(self) -> None:
+        if self._consumer is not None:
+            self._rebalancer.reconcile(self._consumer)
+
+
+def _report_stuck(entry: Entry) -> None:
+    error = entry.last_error
+    log.error(
+        "%r failed for good (%s: %s) and there is no dead-letter topic: it is held, its "
+        "shard waits and the commit stays at or below offset %d. Set dead_letter_topic, or "
+        "on_exhausted='skip' to drop such records.",
+        entry,
+        type(error).__name__,
+        error,
+        entry.offset,
+    )
