@@ -307,7 +307,11 @@ class Scenario:
         self,
         produced: dict[int, int],
         rewinds: dict[str, tuple[float, dict[int, int]]] | None = None,
+        forgotten: tuple[float, dict[int, int]] | None = None,
     ) -> dict:
+        """``forgotten``: (when the broker came back, A's commits it still had): records
+        replayed because a restarted broker forgot commits it had acknowledged are counted
+        apart, not as the engine's duplicates."""
         starts = sorted(self._starts())
         a_commits = sorted(
             (float(t), int(p), int(o))
@@ -339,9 +343,13 @@ class Scenario:
         committed_index = _CommitIndex(a_commits)
         first: dict[tuple[int, int], float] = {}
         unjustified = []
+        broker_forgot = 0
         for t, p, o, _ in starts:
             if (p, o) in first and committed_index.past(p, o, t):
-                unjustified.append(f"{p}@{o} was committed before it started again at {t:.3f}")
+                if forgotten is not None and _forgotten(committed_index, forgotten, t, p, o):
+                    broker_forgot += 1
+                else:
+                    unjustified.append(f"{p}@{o} was committed before it started again at {t:.3f}")
             first.setdefault((p, o), t)
 
         recoveries = []
@@ -373,9 +381,19 @@ class Scenario:
             "violations": violations,
             "missing": missing,
             "unjustified_duplicates": unjustified,
+            "replayed_after_the_broker_forgot_commits": broker_forgot,
             "dependency_commits": {name: len(c) for name, c in commits.items()},
             "recoveries": recoveries,
         }
+
+
+def _forgotten(
+    index: _CommitIndex, forgotten: tuple[float, dict[int, int]], t: float, p: int, o: int
+) -> bool:
+    """Started again after the broker came back, at or beyond the commit it still had, and
+    not passed by any commit acknowledged since."""
+    back, survived = forgotten
+    return t >= back and o >= survived.get(p, 0) and not index.past(p, o, t, since=back)
 
 
 class _CommitIndex:

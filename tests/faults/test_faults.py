@@ -131,9 +131,14 @@ def test_the_broker_restarted_with_its_data(scenario: Scenario, down: float) -> 
     scenario.broker.stop()
     time.sleep(down)
     scenario.broker.start()
+    back = time.time()
+    # The broker may forget commits it acknowledged just before it stopped (it writes them
+    # behind): what it still has is the baseline for the duplicates that follow.
+    survived = committed(scenario.broker.bootstrap, scenario.group, scenario.topic)
     scenario.end(fault)
     produced = scenario.finish()
-    check(f"broker restarted, down {down:g}s", scenario, scenario.report(produced))
+    report = scenario.report(produced, forgotten=(back, survived))
+    check(f"broker restarted, down {down:g}s", scenario, report)
 
 
 def test_a_dependency_group_rewound(scenario: Scenario) -> None:
