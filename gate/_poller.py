@@ -8,10 +8,13 @@ raised, so the caller can keep serving the last good snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, wait
+from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -30,7 +33,7 @@ class OffsetPoller:
 
     def __init__(
         self,
-        properties: Mapping[str, str],
+        properties: Mapping[str, Any],
         topics_by_group: Mapping[str, Sequence[str]],
         *,
         request_timeout: float = 5.0,
@@ -163,3 +166,157 @@ def describe_kafka_error(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
     return str(exc) or type(exc).__name__
+
+
+class IsolatedPoller:
+    """An :class:`OffsetPoller` in a child process of its own.
+
+    librdkafka's admin client can abort the whole process when a coordinator connection drops
+    in the middle of ``ListConsumerGroupOffsets`` (an assertion in
+    ``rd_kafka_enq_once_del_source_return``; librdkafka issues 3663 and 4605), which a broker
+    restart triggers. Here such an abort ends only the child: the poll is reported failed
+    (the last snapshot stays in force) and a new child takes over for the next poll.
+    The configuration must be picklable (no callables); :func:`make_poller` falls back to an
+    in-process poller otherwise.
+    """
+
+    def __init__(
+        self,
+        properties: Mapping[str, Any],
+        topics_by_group: Mapping[str, Sequence[str]],
+        *,
+        request_timeout: float = 5.0,
+        metadata_interval: float = 10.0,
+    ) -> None:
+        # Invalid properties fail here, in the caller, with librdkafka's own message.
+        AdminClient(dict(properties), logger=logging.getLogger("gate.kafka"))
+        self._args = (
+            dict(properties),
+            {g: list(ts) for g, ts in topics_by_group.items()},
+            request_timeout,
+            metadata_interval,
+        )
+        self._groups = frozenset(topics_by_group)
+        self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
+        self._wait = 2 * request_timeout + 10.0
+        self._process: Any = None
+        self._connection: Any = None
+        self.restarts = 0
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self._topics)
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        self._process = context.Process(
+            target=_serve_polls, args=(theirs, *self._args), name="gate-poller", daemon=True
+        )
+        self._process.start()
+        theirs.close()
+        self._connection = ours
+
+    def poll(self) -> PollResult:
+        started_at = time.time()
+        if self._process is None:
+            self._start()
+        try:
+            self._connection.send("poll")
+            if not self._connection.poll(self._wait):
+                raise TimeoutError(f"no answer in {self._wait:.0f}s")
+            result = self._connection.recv()
+        except (EOFError, OSError, TimeoutError) as exc:
+            return self._crashed(started_at, exc)
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    def _crashed(self, started_at: float, exc: BaseException) -> PollResult:
+        process = self._process
+        code = process.exitcode if process is not None else None
+        reason = f"exit code {code}" if code is not None else type(exc).__name__
+        log.error(
+            "the admin client's process ended (%s: librdkafka aborts when a coordinator "
+            "connection drops mid-request); starting a new one, the last snapshot stays",
+            reason,
+        )
+        self.close()
+        self.restarts += 1
+        return PollResult(
+            started_at=started_at,
+            finished_at=time.time(),
+            partition_counts={},
+            end_offsets={},
+            committed={},
+            failed_groups=self._groups,
+            failed_topics=frozenset(self._topics),
+            errors=(f"admin client: its process ended ({reason}); restarted",),
+        )
+
+    def close(self) -> None:
+        process, self._process = self._process, None
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.send("stop")
+            connection.close()
+        if process is not None:
+            process.join(2)
+            if process.is_alive():
+                process.kill()
+                process.join(2)
+
+
+def _serve_polls(
+    connection: Any,
+    properties: dict[str, Any],
+    topics_by_group: dict[str, list[str]],
+    request_timeout: float,
+    metadata_interval: float,
+) -> None:
+    """The child process: answer each "poll" with a PollResult until "stop"."""
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    poller = OffsetPoller(
+        properties,
+        topics_by_group,
+        request_timeout=request_timeout,
+        metadata_interval=metadata_interval,
+    )
+    while True:
+        try:
+            command = connection.recv()
+        except EOFError:
+            return
+        if command != "poll":
+            return
+        try:
+            connection.send(poller.poll())
+        except Exception as exc:  # an unexpected failure: the caller raises it
+            connection.send(exc)
+
+
+def make_poller(
+    properties: Mapping[str, Any],
+    topics_by_group: Mapping[str, Sequence[str]],
+    *,
+    request_timeout: float = 5.0,
+    metadata_interval: float = 10.0,
+) -> OffsetPoller | IsolatedPoller:
+    """An isolated poller when the configuration can cross to a child process, else one in
+    this process (a configuration with callables, such as ``oauth_cb``)."""
+    if any(callable(value) for value in properties.values()):
+        return OffsetPoller(
+            properties,
+            topics_by_group,
+            request_timeout=request_timeout,
+            metadata_interval=metadata_interval,
+        )
+    return IsolatedPoller(
+        properties,
+        topics_by_group,
+        request_timeout=request_timeout,
+        metadata_interval=metadata_interval,
+    )

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from gate._config import GateConfig
 from gate._metrics import GateMetrics
-from gate._poller import OffsetPoller, describe_kafka_error
+from gate._poller import IsolatedPoller, OffsetPoller, describe_kafka_error, make_poller
 from gate._publish import RedisPublisher, SnapshotStore
 from gate._status import GateEvaluator, GateState, PollResult
 
@@ -56,7 +56,7 @@ class GateService:
             else None
         )
         self._admin = admin
-        self.poller: OffsetPoller | None = None
+        self.poller: OffsetPoller | IsolatedPoller | None = None
         self.last_success: float | None = None
         self.last_poll: PollResult | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -79,14 +79,19 @@ class GateService:
         if self.poller is not None:
             return
         config = self.config
+        options = {
+            "request_timeout": config.request_timeout_ms / 1000,
+            "metadata_interval": config.metadata_interval_ms / 1000,
+        }
         try:
-            self.poller = OffsetPoller(
-                config.kafka_properties(),
-                self.topics_by_group(),
-                request_timeout=config.request_timeout_ms / 1000,
-                metadata_interval=config.metadata_interval_ms / 1000,
-                admin=self._admin,
-            )
+            if self._admin is not None:
+                self.poller = OffsetPoller(
+                    config.kafka_properties(), self.topics_by_group(), admin=self._admin, **options
+                )
+            else:
+                self.poller = make_poller(
+                    config.kafka_properties(), self.topics_by_group(), **options
+                )
         except KafkaException as exc:
             raise StartupError(f"kafka: {describe_kafka_error(exc)}") from None
 
@@ -117,6 +122,8 @@ class GateService:
         self._tasks.clear()
         if self.redis is not None:
             await self.redis.close()
+        if isinstance(self.poller, IsolatedPoller):
+            self.poller.close()
 
     async def poll_once(self) -> list[GateState]:
         """Poll once and publish; returns the new states (empty if the poll failed)."""

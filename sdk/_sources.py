@@ -47,6 +47,10 @@ class _ThreadSource:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        self.close()
+
+    def close(self) -> None:
+        """Release what the source holds once its thread is done."""
 
     def _run_guarded(self) -> None:
         while not self._stop.is_set():
@@ -298,10 +302,10 @@ class EmbeddedSource(_ThreadSource):
 
     def start(self, view: WatermarkView) -> None:
         """Builds the admin client first, so a bad configuration fails here, clearly."""
-        from gate._poller import OffsetPoller
+        from gate._poller import make_poller
 
         try:
-            self._poller = OffsetPoller(
+            self._poller = make_poller(
                 self.kafka,
                 {group: self.topics for group in self.depends_on},
                 request_timeout=self.request_timeout,
@@ -331,6 +335,11 @@ class EmbeddedSource(_ThreadSource):
             if delay < 0:
                 next_at, delay = time.monotonic(), 0.0
             self._stop.wait(delay)
+
+    def close(self) -> None:
+        poller, self._poller = self._poller, None
+        if poller is not None and hasattr(poller, "close"):
+            poller.close()
 
     def explain(self, topic: str, partition: int, offset: int) -> list[dict[str, Any]] | None:
         state = self._state

@@ -340,3 +340,29 @@ def test_several_replicas_publish_one_increasing_sequence(kafka: Kafka, redis_ur
     assert released == sorted(released), "a replica published an older watermark over a newer"
     assert all(w <= 39 for w in released)
     assert all(count > 0 for count in writes), f"both replicas publish: {writes}"
+
+
+def test_an_aborted_admin_client_costs_one_poll(kafka: Kafka) -> None:
+    """librdkafka's admin client may abort its process when a coordinator connection drops
+    mid-request: the poller runs it in a child process, reports that poll as failed (the last
+    snapshot stays) and polls again with a new one."""
+    import os
+    import signal
+
+    from gate._poller import IsolatedPoller
+
+    topic = kafka.create_topic(1)
+    group = unique("CG")
+    kafka.commit(group, topic, {0: 7})
+    poller = IsolatedPoller({"bootstrap.servers": kafka.bootstrap}, {group: [topic]})
+    try:
+        first = poller.poll()
+        assert first.committed[group] == {(topic, 0): 7} and not first.errors
+        os.kill(poller._process.pid, signal.SIGABRT)  # what librdkafka's assertion does
+        poller._process.join(5)
+        failed = poller.poll()
+        assert failed.failed_groups == {group} and "process ended" in failed.errors[0]
+        again = poller.poll()
+        assert again.committed[group] == {(topic, 0): 7} and poller.restarts == 1
+    finally:
+        poller.close()
