@@ -9,8 +9,13 @@ raised, so the caller can keep serving the last good snapshot.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
-import multiprocessing
+import pickle
+import select
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, wait
@@ -19,6 +24,7 @@ from typing import Any
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from gate._pollproc import read_frame, write_frame
 from gate._status import PollResult
 from gate._watermark import Partition
 
@@ -176,7 +182,8 @@ class IsolatedPoller:
     ``rd_kafka_enq_once_del_source_return``; librdkafka issues 3663 and 4605), which a broker
     restart triggers. Here such an abort ends only the child: the poll is reported failed
     (the last snapshot stays in force) and a new child takes over for the next poll.
-    The configuration must be picklable (no callables); :func:`make_poller` falls back to an
+    The child is ``python -m gate._pollproc``: it never imports the caller's main module. The
+    configuration must be picklable (no callables); :func:`make_poller` falls back to an
     in-process poller otherwise.
     """
 
@@ -208,25 +215,28 @@ class IsolatedPoller:
         return list(self._topics)
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        ours, theirs = context.Pipe()
-        self._process = context.Process(
-            target=_serve_polls, args=(theirs, *self._args), name="gate-poller", daemon=True
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "gate._pollproc"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
         )
-        self._process.start()
-        theirs.close()
-        self._connection = ours
+        assert self._process.stdin is not None
+        write_frame(self._process.stdin, self._args)
 
     def poll(self) -> PollResult:
         started_at = time.time()
         if self._process is None:
             self._start()
+        process = self._process
+        assert process.stdin is not None and process.stdout is not None
         try:
-            self._connection.send("poll")
-            if not self._connection.poll(self._wait):
+            write_frame(process.stdin, "poll")
+            ready, _, _ = select.select([process.stdout], [], [], self._wait)
+            if not ready:
                 raise TimeoutError(f"no answer in {self._wait:.0f}s")
-            result = self._connection.recv()
-        except (EOFError, OSError, TimeoutError) as exc:
+            result = read_frame(process.stdout)
+        except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
             return self._crashed(started_at, exc)
         if isinstance(result, BaseException):
             raise result
@@ -234,7 +244,7 @@ class IsolatedPoller:
 
     def _crashed(self, started_at: float, exc: BaseException) -> PollResult:
         process = self._process
-        code = process.exitcode if process is not None else None
+        code = process.poll() if process is not None else None
         reason = f"exit code {code}" if code is not None else type(exc).__name__
         log.error(
             "the admin client's process ended (%s: librdkafka aborts when a coordinator "
@@ -254,48 +264,33 @@ class IsolatedPoller:
             errors=(f"admin client: its process ended ({reason}); restarted",),
         )
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
     def close(self) -> None:
         process, self._process = self._process, None
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.send("stop")
-            connection.close()
-        if process is not None:
-            process.join(2)
-            if process.is_alive():
-                process.kill()
-                process.join(2)
+        if process is None:
+            return
+        with contextlib.suppress(Exception):
+            assert process.stdin is not None
+            write_frame(process.stdin, "stop")
+            process.stdin.close()
+        try:
+            process.wait(2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(2)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
-def _serve_polls(
-    connection: Any,
-    properties: dict[str, Any],
-    topics_by_group: dict[str, list[str]],
-    request_timeout: float,
-    metadata_interval: float,
-) -> None:
-    """The child process: answer each "poll" with a PollResult until "stop"."""
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    poller = OffsetPoller(
-        properties,
-        topics_by_group,
-        request_timeout=request_timeout,
-        metadata_interval=metadata_interval,
-    )
-    while True:
-        try:
-            command = connection.recv()
-        except EOFError:
-            return
-        if command != "poll":
-            return
-        try:
-            connection.send(poller.poll())
-        except Exception as exc:  # an unexpected failure: the caller raises it
-            connection.send(exc)
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when the parent dies, so no poller outlives its owner."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def make_poller(

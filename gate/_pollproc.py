@@ -1,0 +1,69 @@
+"""The admin client's own process: ``python -m gate._pollproc``, driven by
+:class:`~gate._poller.IsolatedPoller` over its standard input and output.
+
+Frames are a 4-byte big-endian length and a pickle. The first frame from the parent holds the
+poller's arguments; then each ``"poll"`` is answered with a :class:`~gate._state.PollResult`
+(or the exception a poll raised), until ``"stop"`` or the end of the input. Standard output
+carries nothing else: anything printed goes to standard error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import struct
+import sys
+from typing import IO, Any
+
+HEADER = struct.Struct(">I")
+
+
+def write_frame(stream: IO[bytes], value: Any) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_frame(stream: IO[bytes]) -> Any:
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        raise EOFError("the other side closed the pipe")
+    (size,) = HEADER.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("the other side closed the pipe")
+    return pickle.loads(data)
+
+
+def main() -> None:
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not break frames
+    requests = sys.stdin.buffer
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from gate._poller import OffsetPoller
+
+    properties, topics_by_group, request_timeout, metadata_interval = read_frame(requests)
+    poller = OffsetPoller(
+        properties,
+        topics_by_group,
+        request_timeout=request_timeout,
+        metadata_interval=metadata_interval,
+    )
+    while True:
+        try:
+            command = read_frame(requests)
+        except EOFError:
+            return
+        if command != "poll":
+            return
+        try:
+            write_frame(answers, poller.poll())
+        except Exception as exc:  # an unexpected failure: the parent raises it
+            write_frame(answers, exc)
+
+
+if __name__ == "__main__":
+    main()
