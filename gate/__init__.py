@@ -9,13 +9,8 @@ Kafka's admin API and publishes :class:`Snapshot` objects over HTTP and Redis.
 from gate._config import ConfigError, GateConfig, GateSpec, load_config, parse_config
 from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
 from gate._service import GateService, StartupError
-from gate._status import (
-    DependencyStatus,
-    GateEvaluator,
-    GateState,
-    PollResult,
-    StatusPolicy,
-)
+from gate._state import DependencyStatus, GateState, PollResult, Verdict
+from gate._status import GateEvaluator, StatusPolicy
 from gate._watermark import (
     Partition,
     Snapshot,
@@ -38,6 +33,7 @@ __all__ = [
     "SnapshotError",
     "StartupError",
     "StatusPolicy",
+    "Verdict",
     "compute_watermarks",
     "is_released",
     "load_config",

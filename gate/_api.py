@@ -23,13 +23,15 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gate._limits import RequestLimits
+from gate._report import GateHistoryBody, GateStatus, GateSummary, gate_status, gate_summary
 from gate._service import GateService
-from gate._status import GateState
+from gate._state import GateState
 from gate._watermark import format_time
 
 log = logging.getLogger("gate.api")
@@ -123,9 +125,39 @@ class SnapshotBody(BaseModel):
     )
 
 
-class Probe(BaseModel):
+class Liveness(BaseModel):
     ok: bool
     detail: str
+
+
+class Probe(Liveness):
+    redis: bool | None = Field(
+        default=None,
+        description="Whether Redis publishing works (null: no Redis configured). An "
+        "unreachable Redis leaves the gate ready: HTTP keeps serving the watermarks.",
+    )
+
+
+class LastPoll(BaseModel):
+    started_at: str
+    duration_ms: float
+    errors: list[str]
+
+
+class RedisHealth(BaseModel):
+    healthy: bool
+    error: str | None
+
+
+class ServiceStatus(BaseModel):
+    ready: bool
+    detail: str
+    poll_interval_ms: int
+    last_poll: LastPoll | None
+    redis: RedisHealth | None
+    gates: dict[str, GateSummary | None] = Field(
+        description="Each gate's summary (null until its first poll)."
+    )
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -230,7 +262,8 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
             )
 
     protected = [Depends(authorize)] if token else []
-    app = FastAPI(
+    # The API's docs pages (/docs, /redoc) are served from the package: no CDN needed.
+    app = FastAPIOffline(
         title="Kafka dependency gate",
         version="0.1.0",
         description=(
@@ -296,7 +329,13 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         if part.watermark is not None and offset < part.watermark:
             body["ready"] = True
             return 200, body, state
-        body["reason"] = "waiting for dependency groups to commit past this offset"
+        if part.end_offset is not None and offset >= part.end_offset:
+            body["reason"] = (
+                f"offset {offset} is beyond the end of {topic}[{partition}] ({part.end_offset}): "
+                "the record does not exist yet"
+            )
+        else:
+            body["reason"] = "waiting for dependency groups to commit past this offset"
         body["behind"] = part.behind(offset)
         return NOT_READY, body, state
 
@@ -422,12 +461,18 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                 raw_data=json.dumps(state.snapshot.to_json(), separators=(",", ":")),
             )
 
-    @app.get("/status", dependencies=protected, summary="Service status and every gate's summary")
+    @app.get(
+        "/status",
+        response_model=ServiceStatus,
+        dependencies=protected,
+        summary="Service status and every gate's summary",
+    )
     async def status_all() -> Response:
+        now = time.time()
         gates = {}
         for name in service.config.gates:
             state = service.store.latest(name)
-            gates[name] = _gate_summary(state) if state else None
+            gates[name] = gate_summary(state, now) if state else None
         poll = service.last_poll
         ok, detail = service.readiness()
         return JSONResponse(
@@ -449,16 +494,40 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
             }
         )
 
-    @app.get("/status/{gate}", dependencies=protected, summary="Why is this gate holding back?")
+    @app.get(
+        "/status/{gate}",
+        response_model=GateStatus,
+        dependencies=protected,
+        summary="Why is this gate holding back?",
+    )
     async def status_gate(gate: Annotated[str, Path(max_length=200)]) -> Response:
-        """Per partition: end offset, watermark, the groups holding it back, and per
+        """The gate's verdict, its dependency groups (status, lag in records and seconds,
+        partitions they hold back), and per partition: end offset, watermark, records
+        waiting and for how long, the groups holding it, the dependent's own offset, and per
         dependency group its committed offset, lag and status."""
+        return JSONResponse(gate_status(_latest(gate), time.time()))
+
+    @app.get(
+        "/status/{gate}/history",
+        response_model=GateHistoryBody,
+        dependencies=protected,
+        summary="The last minutes of a gate, for charts",
+    )
+    async def status_history(gate: Annotated[str, Path(max_length=200)]) -> Response:
+        """One point per ``status.history_step_ms`` over the last 15 minutes: per group its
+        lag in records and seconds, and the sum of the watermarks (its rise is the release
+        rate), records held back and released records the dependent has not processed."""
+        gate_state(gate)
+        body = {"gate": gate, "now": time.time(), **service.store.history[gate].to_json()}
+        return JSONResponse(body)
+
+    def _latest(gate: str) -> GateState:
         state, _ = gate_state(gate)
         if state is None:
             raise ApiError(
                 404, "not_found", f"gate {gate!r} has no snapshot yet (first poll pending)"
             )
-        return JSONResponse(gate_status_json(state))
+        return state
 
     @app.get(
         "/status/{gate}/stream",
@@ -483,13 +552,13 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
             yield ServerSentEvent(
                 event="status",
                 id=str(version),
-                raw_data=json.dumps(gate_status_json(state), separators=(",", ":")),
+                raw_data=json.dumps(gate_status(state, time.time()), separators=(",", ":")),
             )
             await asyncio.sleep(interval)
 
-    @app.get("/healthz", response_model=Probe, summary="Liveness: the process answers")
-    async def healthz() -> Probe:
-        return Probe(ok=True, detail="alive")
+    @app.get("/healthz", response_model=Liveness, summary="Liveness: the process answers")
+    async def healthz() -> Liveness:
+        return Liveness(ok=True, detail="alive")
 
     @app.get(
         "/readyz",
@@ -499,7 +568,10 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
     )
     async def readyz() -> Response:
         ok, detail = service.readiness()
-        return JSONResponse({"ok": ok, "detail": detail}, status_code=200 if ok else 503)
+        redis = None if service.redis is None else service.redis.healthy
+        return JSONResponse(
+            {"ok": ok, "detail": detail, "redis": redis}, status_code=200 if ok else 503
+        )
 
     @app.get(
         "/metrics",
@@ -519,51 +591,6 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     return app
-
-
-def _gate_summary(state: GateState) -> dict[str, Any]:
-    held = [f"{t}[{p}]" for (t, p), part in state.partitions.items() if part.watermark is None]
-    waiting = [
-        max(0, part.end_offset - (part.watermark or 0))
-        for part in state.partitions.values()
-        if part.end_offset is not None
-    ]
-    return {
-        "version": state.version,
-        "polled_at": format_time(state.snapshot.polled_at),
-        "age_s": round(state.snapshot.age(time.time()), 3),
-        "partitions": len(state.partitions),
-        "unreleased_partitions": held,
-        "held_partitions": sum(1 for w in waiting if w > 0),
-        "records_waiting": sum(waiting),
-        "missing_topics": list(state.missing_topics),
-        "groups": {g: s.value for g, s in state.groups.items()},
-    }
-
-
-def gate_status_json(state: GateState) -> dict[str, Any]:
-    body = _gate_summary(state)
-    body["gate"] = state.gate
-    body["partitions"] = [
-        {
-            "topic": part.topic,
-            "partition": part.partition,
-            "end_offset": part.end_offset,
-            "watermark": part.watermark,
-            "holding": list(part.holding),
-            "groups": {
-                group: {
-                    "committed": pos.committed,
-                    "lag": pos.lag,
-                    "status": pos.status.value,
-                    "moved_at": None if pos.moved_at is None else format_time(pos.moved_at),
-                }
-                for group, pos in part.groups.items()
-            },
-        }
-        for part in state.partitions.values()
-    ]
-    return body
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -54,8 +54,9 @@ class GateSpec(_Strict):
     topics: list[TopicName] = Field(min_length=1)
     depends_on: list[GroupId] = Field(min_length=1)
     group: GroupId | None = None
-    """The dependent service's own consumer group (defaults to the gate's name); used to
-    detect dependency cycles between gates."""
+    """The dependent service's own consumer group (defaults to the gate's name): its progress
+    is shown against the watermarks (is the dependent or a dependency the bottleneck?), and
+    it is used to detect dependency cycles between gates."""
 
     @field_validator("topics", "depends_on")
     @classmethod
@@ -102,13 +103,17 @@ class HttpSettings(_Strict):
 class StatusSettings(_Strict):
     stall_after_ms: int = Field(default=60_000, ge=1)
     lag_window_ms: int = Field(default=30_000, ge=1)
+    lag_threshold_ms: int = Field(default=10_000, ge=0)
     rewind_window_ms: int = Field(default=300_000, ge=0)
     rewind_policy: Literal["follow", "keep_highest"] = "follow"
+    history_step_ms: int = Field(default=5_000, ge=100)
+    """One point of the status page's charts per step (15 minutes are kept)."""
 
     def policy(self) -> StatusPolicy:
         return StatusPolicy(
             stall_after=self.stall_after_ms / 1000,
             lag_window=self.lag_window_ms / 1000,
+            lag_threshold=self.lag_threshold_ms / 1000,
             rewind_window=self.rewind_window_ms / 1000,
             rewind_policy=self.rewind_policy,
         )

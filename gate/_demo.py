@@ -30,7 +30,7 @@ from gate._local import LocalBroker, LocalRedis
 from gate._redis import watermarks_key
 from gate._serve import ListenError, ServedGate
 from gate._service import GateService
-from gate._status import GateState
+from gate._state import GateState
 
 TOPIC = "payments"
 PARTITIONS = 3

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gate._status import SEVERITY, DependencyStatus
+from gate._state import SEVERITY, DependencyStatus
 
 if TYPE_CHECKING:
     from gate._service import GateService
@@ -70,7 +70,7 @@ class _StateCollector(Collector):
         now = time.time()
         watermark = GaugeMetricFamily(
             "gate_watermark",
-            "Released below this offset; -1 when nothing is released on the partition.",
+            "Released below this offset (absent while nothing is released on the partition).",
             labels=["gate", "topic", "partition"],
         )
         end_offset = GaugeMetricFamily(
@@ -78,8 +78,36 @@ class _StateCollector(Collector):
         )
         committed = GaugeMetricFamily(
             "gate_committed_offset",
-            "Committed offset of a dependency group; -1 when it has none.",
+            "Committed offset of a dependency group (absent when it has none).",
             labels=["gate", "group", "topic", "partition"],
+        )
+        lag_seconds = GaugeMetricFamily(
+            "gate_dependency_lag_seconds",
+            "Age of the oldest record a dependency group has not processed (absent: unknown).",
+            labels=["gate", "group", "topic", "partition"],
+        )
+        unmoved = GaugeMetricFamily(
+            "gate_dependency_commit_age_seconds",
+            "Seconds since the group's committed offset last moved (absent: no commit).",
+            labels=["gate", "group", "topic", "partition"],
+        )
+        waiting = GaugeMetricFamily(
+            "gate_records_waiting", "Records held back, over all partitions.", labels=["gate"]
+        )
+        waiting_seconds = GaugeMetricFamily(
+            "gate_waiting_seconds",
+            "Age of the oldest record held back (absent: unknown).",
+            labels=["gate", "topic", "partition"],
+        )
+        stuck = GaugeMetricFamily(
+            "gate_stuck",
+            "1 while records wait at a watermark that has not moved for stall_after.",
+            labels=["gate"],
+        )
+        unprocessed = GaugeMetricFamily(
+            "gate_dependent_released_unprocessed",
+            "Records released to the dependent that it has not committed yet.",
+            labels=["gate", "group"],
         )
         lag = GaugeMetricFamily(
             "gate_dependency_lag",
@@ -124,21 +152,31 @@ class _StateCollector(Collector):
                 p = str(partition)
                 if part.watermark is None:
                     unreleased += 1
-                watermark.add_metric(
-                    [name, topic, p], -1 if part.watermark is None else part.watermark
-                )
+                else:
+                    watermark.add_metric([name, topic, p], part.watermark)
                 if part.end_offset is not None:
                     end_offset.add_metric([name, topic, p], part.end_offset)
+                if part.waiting_seconds is not None:
+                    waiting_seconds.add_metric([name, topic, p], part.waiting_seconds)
                 for group, position in part.groups.items():
                     labels = [name, group, topic, p]
-                    committed.add_metric(
-                        labels, -1 if position.committed is None else position.committed
-                    )
-                    if position.lag is not None:
-                        lag.add_metric(labels, position.lag)
                     partition_status.add_metric(labels, STATUS_CODES[position.status])
                     if position.committed is None:
                         missing_count[group] += 1
+                        continue
+                    committed.add_metric(labels, position.committed)
+                    if position.lag is not None:
+                        lag.add_metric(labels, position.lag)
+                    if position.lag_seconds is not None:
+                        lag_seconds.add_metric(labels, position.lag_seconds)
+                    if position.moved_at is not None:
+                        unmoved.add_metric(labels, max(0.0, now - position.moved_at))
+            verdict = state.verdict
+            if verdict is not None:
+                waiting.add_metric([name], verdict.records_waiting)
+                stuck.add_metric([name], int(verdict.state == "stuck"))
+                if state.dependent:
+                    unprocessed.add_metric([name, state.dependent], verdict.released_unprocessed)
             held.add_metric([name], unreleased)
             for group, status in state.groups.items():
                 for candidate in SEVERITY:
@@ -147,8 +185,9 @@ class _StateCollector(Collector):
                     )
                 missing.add_metric([name, group], missing_count[group])
 
-        yield from (watermark, end_offset, committed, lag, partition_status, group_status)
-        yield from (missing, held, version, age)
+        yield from (watermark, end_offset, committed, lag, lag_seconds, unmoved)
+        yield from (partition_status, group_status, missing, held, version, age)
+        yield from (waiting, waiting_seconds, stuck, unprocessed)
 
         last_ok = GaugeMetricFamily(
             "gate_last_successful_poll_age_seconds",

@@ -25,7 +25,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from gate._pollproc import read_frame, write_frame
-from gate._status import PollResult
+from gate._state import PollResult
 from gate._watermark import Partition
 
 log = logging.getLogger("gate.poller")

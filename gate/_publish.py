@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gate._history import GateHistory
 from gate._redis import (
     PUBLISH_SCRIPT,
     snapshot_fields,
@@ -24,7 +25,7 @@ from gate._redis import (
     updates_channel,
     watermarks_key,
 )
-from gate._status import GateState
+from gate._state import GateState
 
 log = logging.getLogger("gate.publish")
 
@@ -32,9 +33,12 @@ log = logging.getLogger("gate.publish")
 class SnapshotStore:
     """Latest and last published state per gate. Used from the event loop thread only."""
 
-    def __init__(self, gates: Iterable[str], *, heartbeat: float = 5.0) -> None:
+    def __init__(
+        self, gates: Iterable[str], *, heartbeat: float = 5.0, history_step: float = 5.0
+    ) -> None:
         self.gates = list(gates)
         self._heartbeat = heartbeat
+        self.history = {gate: GateHistory(step=history_step) for gate in self.gates}
         self._latest: dict[str, GateState] = {}
         self._published: dict[str, GateState] = {}
         self._published_at: dict[str, float] = {}
@@ -56,6 +60,7 @@ class SnapshotStore:
         if current is not None and current.version >= state.version:
             return False
         self._latest[gate] = state
+        self.history[gate].record(state)
         updated = self._updates.pop(gate, None)
         if updated is not None:
             updated.set()

@@ -15,7 +15,8 @@ from gate._config import GateConfig
 from gate._metrics import GateMetrics
 from gate._poller import IsolatedPoller, OffsetPoller, describe_kafka_error, make_poller
 from gate._publish import RedisPublisher, SnapshotStore
-from gate._status import GateEvaluator, GateState, PollResult
+from gate._state import GateState, PollResult
+from gate._status import GateEvaluator
 
 log = logging.getLogger("gate")
 
@@ -35,13 +36,19 @@ class GateService:
         admin: AdminClient | None = None,
     ) -> None:
         self.config = config
-        self.store = SnapshotStore(config.gates, heartbeat=config.heartbeat_ms / 1000)
+        self.store = SnapshotStore(
+            config.gates,
+            heartbeat=config.heartbeat_ms / 1000,
+            history_step=config.status.history_step_ms / 1000,
+        )
         self.registry = registry or CollectorRegistry()
         self.metrics = GateMetrics(self.registry)
         self.metrics.watch(self)
         policy = config.status.policy()
         self.evaluators = {
-            name: GateEvaluator(name, spec.topics, spec.depends_on, policy)
+            name: GateEvaluator(
+                name, spec.topics, spec.depends_on, policy, dependent=spec.group or name
+            )
             for name, spec in config.gates.items()
         }
         self.redis = (
@@ -67,9 +74,11 @@ class GateService:
         return self.config.poll_interval_ms / 1000
 
     def topics_by_group(self) -> dict[str, list[str]]:
+        """The dependency groups' topics, and each gate's dependent group (its own progress
+        is shown against the watermarks; its offsets are read alongside)."""
         result: dict[str, list[str]] = {}
-        for spec in self.config.gates.values():
-            for group in spec.depends_on:
+        for name, spec in self.config.gates.items():
+            for group in [*spec.depends_on, spec.group or name]:
                 topics = result.setdefault(group, [])
                 topics.extend(t for t in spec.topics if t not in topics)
         return result
@@ -229,4 +238,9 @@ class GateService:
         limit = (self.config.readiness_max_age_ms or 0) / 1000
         if age > limit:
             return False, f"last successful poll {age:.1f}s ago (limit {limit:.1f}s)"
-        return True, f"last successful poll {age:.1f}s ago"
+        detail = f"last successful poll {age:.1f}s ago"
+        redis = self.redis
+        if redis is not None and not redis.healthy:
+            # Still ready: HTTP serves the watermarks; Redis followers keep their last ones.
+            detail += f"; redis unreachable: {redis.last_error or 'not connected yet'}"
+        return True, detail

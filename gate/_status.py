@@ -2,49 +2,52 @@
 
 :class:`GateEvaluator` is a pure state machine: it receives a :class:`PollResult` (what the
 admin API reported at one moment) and returns a :class:`GateState`. It remembers just enough
-history to tell, in the spirit of LinkedIn Burrow, whether each dependency group is OK,
-LAGGING (lag growing over the evaluation window), STALLED (lag exists but the committed offset
-has not moved for ``stall_after`` seconds: a stuck or dead dependency holding everyone back),
-REWOUND (its committed offset went backwards recently) or MISSING (no committed offset: the
-group never committed there, was deleted, or its offsets expired).
+history to tell, in the spirit of LinkedIn Burrow, whether each dependency group is
+
+* OK: its lag is small, or falling, or not growing steadily;
+* LAGGING: its lag (in records) has not fallen once across the whole ``lag_window``, has
+  grown over it, and is more than ``lag_threshold`` seconds;
+* STALLED: it has lag and its committed offset has not moved for ``stall_after`` seconds (a
+  stuck or dead dependency holding everyone back);
+* REWOUND: its committed offset went backwards within ``rewind_window``;
+* MISSING: no committed offset (never committed there, deleted, or its offsets expired).
+
+Lag is given in records and in seconds (``gate._lag``: the age of the oldest record the group
+has not processed). A partition is *held* by the group (or groups, when tied) whose offset is
+the watermark, and only while records wait there. The gate's :class:`Verdict` tells a healthy
+flow ("flowing: N records in transit, released within T") from an alarm ("stuck since T on
+G"), and, when the gate knows the dependent's own group, whether the dependent itself is the
+bottleneck (records released to it that it has not processed yet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Literal, NamedTuple
+from typing import Literal
 
+from gate._lag import EndHistory
+from gate._state import (
+    _MISSING_RANK,
+    _OK_RANK,
+    _RANK,
+    LAGGING,
+    MISSING,
+    OK,
+    REWOUND,
+    SEVERITY,
+    STALLED,
+    DependencyStatus,
+    GateState,
+    GroupPosition,
+    LogReset,
+    LostOffset,
+    PartitionState,
+    PollResult,
+    Rewind,
+    Verdict,
+)
 from gate._watermark import Partition, Snapshot, compute_watermarks
-
-
-class DependencyStatus(StrEnum):
-    OK = "OK"
-    LAGGING = "LAGGING"
-    REWOUND = "REWOUND"
-    STALLED = "STALLED"
-    MISSING = "MISSING"
-
-
-# Most severe first: the overall status of a group is its worst partition.
-SEVERITY: tuple[DependencyStatus, ...] = (
-    DependencyStatus.MISSING,
-    DependencyStatus.STALLED,
-    DependencyStatus.REWOUND,
-    DependencyStatus.LAGGING,
-    DependencyStatus.OK,
-)
-_RANK = {status: rank for rank, status in enumerate(SEVERITY)}
-OK, LAGGING, REWOUND, STALLED, MISSING = (
-    DependencyStatus.OK,
-    DependencyStatus.LAGGING,
-    DependencyStatus.REWOUND,
-    DependencyStatus.STALLED,
-    DependencyStatus.MISSING,
-)
-_OK_RANK = _RANK[OK]
-_MISSING_RANK = _RANK[MISSING]
 
 RewindPolicy = Literal["follow", "keep_highest"]
 
@@ -54,8 +57,10 @@ class StatusPolicy:
     stall_after: float = 60.0
     """Seconds a group may have lag without committing before it is STALLED."""
     lag_window: float = 30.0
-    """Seconds over which the lag trend is judged: LAGGING when the smallest lag seen in a
-    window is larger than the smallest lag seen in the window before (the floor rises)."""
+    """Seconds over which the lag trend is judged: LAGGING only when the lag did not fall once
+    across the whole window and grew over it."""
+    lag_threshold: float = 10.0
+    """Seconds of lag below which a group is never LAGGING, however its lag moves."""
     rewind_window: float = 300.0
     """Seconds a group stays REWOUND after its committed offset went backwards."""
     rewind_policy: RewindPolicy = "follow"
@@ -66,137 +71,17 @@ class StatusPolicy:
     a highest offset beyond the log's end never counts."""
 
 
-@dataclass(frozen=True, slots=True)
-class PollResult:
-    """What one poll of the admin API saw, for all gates at once."""
-
-    started_at: float
-    finished_at: float
-    partition_counts: Mapping[str, int]
-    """Partitions per topic; a topic that does not exist is absent."""
-    end_offsets: Mapping[Partition, int]
-    committed: Mapping[str, Mapping[Partition, int]]
-    """Committed offsets per group; a partition without a commit is absent."""
-    failed_groups: frozenset[str] = frozenset()
-    """Groups whose offsets could not be read in this poll."""
-    failed_topics: frozenset[str] = frozenset()
-    """Topics whose metadata could not be read in this poll."""
-    errors: tuple[str, ...] = ()
-
-    @property
-    def duration(self) -> float:
-        return self.finished_at - self.started_at
-
-
-class GroupPosition(NamedTuple):
-    """One dependency group on one partition (a tuple: built for every pair on every poll)."""
-
-    committed: int | None
-    lag: int | None
-    status: DependencyStatus
-    moved_at: float | None
-    """When the committed offset last changed (None when there is none)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionState:
-    topic: str
-    partition: int
-    end_offset: int | None
-    watermark: int | None
-    holding: tuple[str, ...]
-    """Groups that hold this partition back: no commit, or committed exactly the watermark."""
-    groups: Mapping[str, GroupPosition]
-
-    def behind(self, offset: int) -> list[dict[str, object]]:
-        """Groups that have not committed past ``offset``, and how many records they lack."""
-        result: list[dict[str, object]] = []
-        for group, position in self.groups.items():
-            if position.committed is None:
-                result.append(
-                    {
-                        "group": group,
-                        "committed": None,
-                        "behind_by": None,
-                        "status": position.status.value,
-                    }
-                )
-            elif position.committed <= offset:
-                result.append(
-                    {
-                        "group": group,
-                        "committed": position.committed,
-                        "behind_by": offset + 1 - position.committed,
-                        "status": position.status.value,
-                    }
-                )
-        return result
-
-
-@dataclass(frozen=True, slots=True)
-class Rewind:
-    group: str
-    topic: str
-    partition: int
-    before: int
-    after: int
-
-
-@dataclass(frozen=True, slots=True)
-class LogReset:
-    """A partition's log moved backwards (the topic was deleted and recreated, or it
-    vanished): the groups' history on it (highest offsets, rewinds) starts afresh."""
-
-    topic: str
-    partition: int
-    before: int | None
-    after: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class LostOffset:
-    """A committed offset that disappeared: group deleted or its offsets expired."""
-
-    group: str
-    topic: str
-    partition: int
-    last: int
-
-
-@dataclass(frozen=True, slots=True)
-class GateState:
-    snapshot: Snapshot
-    partitions: Mapping[Partition, PartitionState]
-    groups: Mapping[str, DependencyStatus]
-    missing_topics: tuple[str, ...] = ()
-    changed: bool = True
-    """Whether the watermarks differ from the previous state's."""
-    rewinds: tuple[Rewind, ...] = ()
-    lost: tuple[LostOffset, ...] = ()
-    resets: tuple[LogReset, ...] = ()
-    poll_duration: float = 0.0
-
-    @property
-    def gate(self) -> str:
-        return self.snapshot.gate
-
-    @property
-    def version(self) -> int:
-        return self.snapshot.version
-
-
 class _Track:
     """Memory of one group on one partition across polls."""
 
     __slots__ = (
         "committed",
-        "floor",
-        "growing",
         "highest",
+        "last_lag",
         "moved_at",
-        "previous_floor",
         "rewound_at",
-        "window_at",
+        "rising_from",
+        "rising_since",
     )
 
     def __init__(self, committed: int, now: float) -> None:
@@ -204,21 +89,25 @@ class _Track:
         self.highest = committed
         self.moved_at = now
         self.rewound_at: float | None = None
-        self.window_at = now
-        self.floor: int | None = None
-        self.previous_floor: int | None = None
-        self.growing = False
+        self.last_lag: int | None = None
+        self.rising_since = now  # since when the lag has not fallen
+        self.rising_from: int | None = None  # the lag then
 
-    def observe_lag(self, lag: int | None, now: float, window: float) -> None:
-        if lag is not None and (self.floor is None or lag < self.floor):
-            self.floor = lag
-        if now - self.window_at >= window:
-            self.growing = bool(
-                self.floor and self.previous_floor is not None and self.floor > self.previous_floor
-            )
-            self.previous_floor = self.floor
-            self.floor = None
-            self.window_at = now
+    def observe_lag(self, lag: int | None, now: float) -> None:
+        if lag is None:
+            return
+        if self.last_lag is None or lag < self.last_lag:
+            self.rising_since, self.rising_from = now, lag
+        self.last_lag = lag
+
+    def growing(self, now: float, window: float) -> bool:
+        """The lag has not fallen once across the whole window, and grew over it."""
+        return (
+            now - self.rising_since >= window
+            and self.rising_from is not None
+            and self.last_lag is not None
+            and self.last_lag > self.rising_from
+        )
 
 
 @dataclass
@@ -231,8 +120,11 @@ class GateEvaluator:
     policy: StatusPolicy = field(default_factory=StatusPolicy)
     version_floor: int = 0
     """Versions start above this (e.g. the version found in Redis at start)."""
+    dependent: str | None = None
+    """The dependent's own consumer group (its progress is shown against the watermark)."""
     _tracks: dict[tuple[str, Partition], _Track] = field(default_factory=dict, repr=False)
-    _ends: dict[Partition, int] = field(default_factory=dict, repr=False)
+    _ends: dict[Partition, EndHistory] = field(default_factory=dict, repr=False)
+    _marks: dict[Partition, tuple[int | None, float]] = field(default_factory=dict, repr=False)
     _last: GateState | None = field(default=None, repr=False)
 
     @property
@@ -244,26 +136,26 @@ class GateEvaluator:
         return max(previous + 1, int(started_at * 1000), self.version_floor + 1)
 
     def _reset_moved_logs(
-        self, partitions: list[Partition], end_offsets: Mapping[Partition, int]
+        self, partitions: list[Partition], end_offsets: Mapping[Partition, int], now: float
     ) -> list[LogReset]:
-        """Forget the history of partitions whose log moved backwards or vanished."""
+        """Forget the history of partitions whose log moved backwards or vanished; record
+        the end offsets seen."""
         current = set(partitions)
         resets = []
-        for tp, before in list(self._ends.items()):
+        for tp, history in list(self._ends.items()):
+            before = history.ends[-1] if history.ends else None
             after = end_offsets.get(tp) if tp in current else None
-            if tp in current and (after is None or after >= before):
+            if tp in current and (after is None or before is None or after >= before):
                 continue
-            if tp in current and after is not None:
-                resets.append(LogReset(tp[0], tp[1], before, after))
-            elif tp not in current:
-                resets.append(LogReset(tp[0], tp[1], before, None))
+            resets.append(LogReset(tp[0], tp[1], before, after))
             del self._ends[tp]
+            self._marks.pop(tp, None)
             for group in self.groups:
                 self._tracks.pop((group, tp), None)
         for tp in partitions:
             end = end_offsets.get(tp)
             if end is not None:
-                self._ends[tp] = end
+                self._ends.setdefault(tp, EndHistory()).observe(now, end)
         return resets
 
     def observe(self, poll: PollResult) -> GateState:
@@ -278,18 +170,18 @@ class GateEvaluator:
                 continue
             partitions.extend((topic, p) for p in range(count))
 
-        resets = self._reset_moved_logs(partitions, poll.end_offsets)
+        resets = self._reset_moved_logs(partitions, poll.end_offsets, now)
         rewinds: list[Rewind] = []
         lost: list[LostOffset] = []
         overall: dict[str, DependencyStatus] = {}
         positions: dict[Partition, dict[str, GroupPosition]] = {tp: {} for tp in partitions}
         effective: dict[str, dict[Partition, int]] = {group: {} for group in self.groups}
         keep_highest = policy.rewind_policy == "keep_highest"
-        tracks = self._tracks
+        tracks, histories = self._tracks, self._ends
 
         stall_after = policy.stall_after
         rewind_window = policy.rewind_window
-        lag_window = policy.lag_window
+        lag_window, lag_threshold = policy.lag_window, policy.lag_threshold
         end_offsets = poll.end_offsets
         for group in self.groups:
             group_committed = poll.committed.get(group, {})
@@ -318,17 +210,27 @@ class GateEvaluator:
                         track.highest = committed
                     track.committed = committed
                     track.moved_at = now
-                track.observe_lag(lag, now, lag_window)
+                track.observe_lag(lag, now)
+                history = histories.get(tp)
+                seconds, exact = (None, True)
+                if lag is not None and history is not None:
+                    seconds, exact = history.lag(committed, now) if lag else (0.0, True)
                 # Status, most severe first (see SEVERITY).
                 if lag and now - track.moved_at >= stall_after:
                     status = STALLED
                 elif track.rewound_at is not None and now - track.rewound_at < rewind_window:
                     status = REWOUND
-                elif track.growing:
+                elif (
+                    seconds is not None
+                    and seconds > lag_threshold
+                    and track.growing(now, lag_window)
+                ):
                     status = LAGGING
                 else:
                     status = OK
-                positions[tp][group] = GroupPosition(committed, lag, status, track.moved_at)
+                positions[tp][group] = GroupPosition(
+                    committed, lag, status, track.moved_at, seconds, exact
+                )
                 if keep_highest and (end is None or track.highest <= end):
                     group_effective[tp] = track.highest
                 else:
@@ -339,10 +241,14 @@ class GateEvaluator:
             overall[group] = SEVERITY[worst_rank]
 
         watermarks = compute_watermarks(partitions, effective)
+        dependent = poll.committed.get(self.dependent, {}) if self.dependent else {}
         states: dict[Partition, PartitionState] = {}
         for tp in partitions:
             watermark = watermarks[tp]
-            end = poll.end_offsets.get(tp)
+            end = end_offsets.get(tp)
+            mark = self._marks.get(tp)
+            if mark is None or mark[0] != watermark:
+                mark = self._marks[tp] = (watermark, now)
             # Groups at the watermark hold the partition back only while records wait there.
             caught_up = watermark is not None and end is not None and watermark >= end
             holding = tuple(
@@ -351,7 +257,24 @@ class GateEvaluator:
                 if not caught_up
                 and (effective[group].get(tp) is None or effective[group][tp] == watermark)
             )
-            states[tp] = PartitionState(tp[0], tp[1], end, watermark, holding, positions[tp])
+            history = histories.get(tp)
+            if caught_up:
+                waiting_seconds: float | None = 0.0
+            elif history is None:
+                waiting_seconds = None
+            else:
+                waiting_seconds = history.lag(watermark or 0, now).seconds
+            states[tp] = PartitionState(
+                tp[0],
+                tp[1],
+                end,
+                watermark,
+                holding,
+                positions[tp],
+                mark[1],
+                waiting_seconds,
+                dependent.get(tp),
+            )
 
         previous = self._last
         snapshot = Snapshot(
@@ -370,6 +293,48 @@ class GateEvaluator:
             lost=tuple(lost),
             resets=tuple(resets),
             poll_duration=poll.duration,
+            verdict=judge(states.values(), now, stall_after),
+            dependent=self.dependent,
         )
         self._last = state
         return state
+
+
+def judge(partitions: Iterable[PartitionState], now: float, stall_after: float) -> Verdict:
+    """Released, flowing or stuck: a partition is stuck when records wait there and its
+    watermark has not moved for ``stall_after`` seconds."""
+    waiting = 0
+    within = 0.0
+    stuck_since: float | None = None
+    stuck_on: dict[str, None] = {}
+    unprocessed = 0
+    for part in partitions:
+        unprocessed += part.released_unprocessed
+        count = part.waiting
+        if count is None:
+            count = 1 if part.watermark is None else 0  # unknown end: held if nothing released
+        if not count:
+            continue
+        waiting += count
+        if part.waiting_seconds is not None:
+            within = max(within, part.waiting_seconds)
+        moved = part.watermark_moved_at
+        if moved is not None and now - moved >= stall_after:
+            stuck_since = moved if stuck_since is None else min(stuck_since, moved)
+            stuck_on.update(dict.fromkeys(part.holding))
+    if stuck_since is not None:
+        state: Literal["released", "flowing", "stuck"] = "stuck"
+    else:
+        state = "flowing" if waiting else "released"
+    bottleneck: Literal["dependencies", "dependent"] | None = None
+    if waiting or unprocessed:
+        bottleneck = "dependent" if unprocessed > waiting else "dependencies"
+    return Verdict(
+        state,
+        waiting,
+        within if state == "flowing" else None,
+        stuck_since,
+        tuple(stuck_on),
+        unprocessed,
+        bottleneck,
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,17 +57,6 @@ class StatusClient:
         return service, details
 
 
-def waiting(part: Mapping[str, Any]) -> int | None:
-    if part["end_offset"] is None:
-        return None
-    return max(0, part["end_offset"] - (part["watermark"] or 0))
-
-
-def is_held(part: Mapping[str, Any]) -> bool:
-    count = waiting(part)
-    return part["watermark"] is None if count is None else count > 0
-
-
 def _num(value: int | None) -> str:
     return "–" if value is None else f"{value:,}"
 
@@ -96,65 +84,59 @@ def render(service: Mapping[str, Any], details: list[Mapping[str, Any]], limit: 
     return Group(*parts)
 
 
+VERDICT_STYLES = {"released": "green", "flowing": "green", "stuck": "bold red"}
+
+
 def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:
     partitions = status["partitions"]
-    groups = list(status["groups"])
-    held = [p for p in partitions if is_held(p)]
-    holds = {g: sum(1 for p in partitions if g in p["holding"]) for g in groups}
-    behind = {
-        g: [p["groups"][g]["lag"] for p in partitions if g in p["groups"] and p["groups"][g]["lag"]]
-        for g in groups
-    }
-    age = max(0.0, time.time() - _epoch(status["polled_at"]))
-    total_waiting = sum(waiting(p) or 0 for p in partitions)
-
-    verdict = Text(f"\n{status['gate']}", style="bold")
-    if not held:
-        verdict.append(": every record is released", style="green")
-    else:
-        culprits = sorted((g for g in groups if holds[g]), key=lambda g: -holds[g])
-        verdict.append(f": waits on {len(held)} of {len(partitions)} partitions", style="yellow")
-        if culprits:
-            verdict.append(" for ")
-            for i, g in enumerate(culprits):
-                if i:
-                    verdict.append(", ")
-                verdict.append(g, style="bold")
-                verdict.append(f" ({status['groups'][g]}, holds {holds[g]})")
-    verdict.append(
-        f"\n{len(partitions):,} partitions · {len(held):,} held back · "
-        f"{total_waiting:,} records waiting · snapshot {age:.1f} s old · "
-        f"version {status['version']}",
+    groups = status["groups"]
+    verdict = status["verdict"]
+    line = Text(f"\n{status['gate']}", style="bold")
+    line.append(f": {verdict['text']}", style=VERDICT_STYLES[verdict["state"]])
+    line.append(
+        f"\n{status['partition_count']:,} partitions · {status['held_partitions']:,} held back · "
+        f"snapshot {status['age_s']:.1f} s old · version {status['version']} "
+        f"({status['polled_at']})",
         style="dim",
     )
+    dependent = status.get("dependent")
+    if dependent and dependent["committed"]:
+        line.append(
+            f"\ndependent {dependent['group']}: {dependent['released_unprocessed']:,} released "
+            "records not processed yet",
+            style="dim",
+        )
     if status["missing_topics"]:
-        verdict.append(f"\nmissing topics: {', '.join(status['missing_topics'])}", style="red")
+        line.append(f"\nmissing topics: {', '.join(status['missing_topics'])}", style="red")
 
     group_table = Table(title="dependency groups", title_justify="left", expand=False)
     for column, justify in (
         ("group", "left"),
         ("status", "left"),
         ("holds back", "right"),
-        ("behind end (total)", "right"),
-        ("behind end (max)", "right"),
+        ("lag (records)", "right"),
+        ("lag (time)", "right"),
+        ("commit unmoved", "right"),
     ):
         group_table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for g in groups:
+    for name, group in groups.items():
         group_table.add_row(
-            g,
-            Text(status["groups"][g], style=STATUS_STYLES.get(status["groups"][g], "")),
-            _num(holds[g]),
-            _num(sum(behind[g])),
-            _num(max(behind[g], default=0)),
+            name,
+            Text(group["status"], style=STATUS_STYLES.get(group["status"], "")),
+            _num(group["holding"]),
+            _num(group["lag"]),
+            _seconds(group["lag_s"], group["lag_s_exact"]),
+            _seconds(group["unmoved_s"]),
         )
 
-    ordered = sorted(partitions, key=lambda p: (-(waiting(p) or 0), p["topic"], p["partition"]))
+    ordered = sorted(partitions, key=lambda p: (-(p["waiting"] or 0), p["topic"], p["partition"]))
     shown = ordered[:limit]
     part_table = Table(
         title=f"partitions ({len(shown)} of {len(partitions)}, most records waiting first)",
         title_justify="left",
     )
-    for column in ("topic", "partition", "end", "watermark", "waiting", *groups, "held back by"):
+    columns = ("topic", "partition", "end", "watermark", "waiting", "oldest", *groups)
+    for column in (*columns, "held back by"):
         part_table.add_column(
             column, justify="left" if column in ("topic", "held back by") else "right"
         )
@@ -176,14 +158,20 @@ def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:
             str(p["partition"]),
             _num(p["end_offset"]),
             "none" if p["watermark"] is None else _num(p["watermark"]),
-            _num(waiting(p)),
+            _num(p["waiting"]),
+            _seconds(p["waiting_s"]) if p["waiting"] else "",
             *cells,
             Text(", ".join(p["holding"]), style="yellow"),
         )
-    return [verdict, group_table, part_table]
+    return [line, group_table, part_table]
 
 
-def _epoch(stamp: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+def _seconds(value: float | None, exact: bool = True) -> str:
+    if value is None:
+        return "–"
+    prefix = "" if exact else "≥ "
+    if value < 120:
+        return f"{prefix}{value:.1f} s"
+    if value < 7200:
+        return f"{prefix}{value / 60:.0f} min"
+    return f"{prefix}{value / 3600:.1f} h"

@@ -87,6 +87,7 @@ function selectGate(name) {
   state.gate = name;
   state.status = null;
   state.showAll = false;
+  $("charts").replaceChildren();
   history.replaceState(null, "", `#gate=${encodeURIComponent(name)}`);
   for (const button of $("gates").querySelectorAll("button")) {
     button.toggleAttribute("aria-current", button.dataset.gate === name);
@@ -113,7 +114,10 @@ async function follow(gate) {
         setLive(true);
         delay = 500;
         await readEvents(response, (event, data) => {
-          if (event === "status") render(JSON.parse(data));
+          if (event !== "status") return;
+          const first = !state.status;
+          render(JSON.parse(data));
+          if (first) refreshHistory();
         });
       }
     } catch (error) {
@@ -155,76 +159,76 @@ function setLive(on) {
 
 // ---- rendering ----------------------------------------------------------------------------
 
-function waiting(part) {
-  if (part.end_offset === null || part.end_offset === undefined) return null;
-  return Math.max(0, part.end_offset - (part.watermark ?? 0));
+const isHeld = (part) => (part.waiting === null ? part.watermark === null : part.waiting > 0);
+
+function seconds(value, exact = true) {
+  if (value === null || value === undefined) return "–";
+  const prefix = exact ? "" : "≥ ";
+  if (value < 120) return `${prefix}${value.toFixed(1)} s`;
+  if (value < 7200) return `${prefix}${Math.round(value / 60)} min`;
+  return `${prefix}${(value / 3600).toFixed(1)} h`;
 }
 
-function isHeld(part) {
-  const count = waiting(part);
-  return count === null ? part.watermark === null : count > 0;
+function clock(iso) {
+  return new Date(iso).toLocaleTimeString([], { hour12: false }) + "." + iso.slice(20, 23);
 }
 
 function render(status) {
   state.status = status;
+  state.receivedAt = performance.now();  // ages: the server's, plus time since receipt
   $("empty").hidden = true;
   $("gate").hidden = false;
   $("updated").textContent = new Date().toLocaleTimeString();
   const parts = status.partitions;
   const groups = Object.keys(status.groups);
-  const held = parts.filter(isHeld);
+  const verdict = status.verdict;
 
-  // Per group: how many partitions it holds back and how far behind the end it is.
-  const perGroup = Object.fromEntries(groups.map((g) => [g, { holds: 0, total: 0, max: 0 }]));
-  for (const part of parts) {
-    for (const g of part.holding) if (perGroup[g]) perGroup[g].holds += 1;
-    for (const [g, pos] of Object.entries(part.groups)) {
-      if (!perGroup[g] || pos.lag === null) continue;
-      perGroup[g].total += pos.lag;
-      perGroup[g].max = Math.max(perGroup[g].max, pos.lag);
-    }
+  $("card-partitions").textContent = fmt(status.partition_count);
+  $("card-held").textContent = fmt(status.held_partitions);
+  $("card-waiting").textContent = fmt(status.records_waiting);
+  if (verdict.state === "stuck") {
+    $("card-wait-label").textContent = "stuck for";
+    $("card-wait").textContent = seconds(verdict.stuck_for_s);
+  } else {
+    $("card-wait-label").textContent = "released within";
+    $("card-wait").textContent = verdict.state === "flowing" ? seconds(verdict.released_within_s) : "–";
   }
-
-  $("card-partitions").textContent = fmt(parts.length);
-  $("card-held").textContent = fmt(held.length);
-  $("card-waiting").textContent = fmt(parts.reduce((sum, p) => sum + (waiting(p) || 0), 0));
-  $("card-version").textContent = status.version;
+  $("card-version").textContent = `polled ${clock(status.polled_at)} · version ${status.version}`;
   tickAge();
 
-  const culprits = groups.filter((g) => perGroup[g].holds > 0)
-    .sort((a, b) => perGroup[b].holds - perGroup[a].holds || perGroup[b].total - perGroup[a].total);
-  const verdict = $("verdict");
-  verdict.dataset.held = String(held.length > 0);
-  if (held.length === 0) {
-    verdict.textContent = `${status.gate}: every record is released; its dependencies have committed up to the end of every partition.`;
-  } else {
-    verdict.replaceChildren(`${status.gate} waits on ${held.length} of ${parts.length} partitions`,
-      culprits.length ? " for " : ".",
-      ...culprits.flatMap((g, i) => [
-        i ? ", " : "",
-        el("strong", { text: g }),
-        ` (${status.groups[g]}: holds ${perGroup[g].holds}, ${fmt(perGroup[g].total)} records behind)`,
-      ]),
-      culprits.length ? "." : "");
+  const box = $("verdict");
+  box.dataset.state = verdict.state;
+  box.replaceChildren(el("strong", { text: status.gate }), `: ${verdict.text}`);
+  if (verdict.state === "stuck") {
+    box.append(el("span", { className: "since",
+      text: `the watermark has not moved since ${clock(verdict.stuck_since)}; it waits for ${verdict.stuck_on.join(", ")}` }));
+  }
+  if (status.dependent && status.dependent.committed) {
+    box.append(el("span", { className: "since",
+      text: `${status.dependent.group} has ${fmt(status.dependent.released_unprocessed)} released records to process` +
+        (verdict.bottleneck === "dependent" ? " — the dependent itself is the bottleneck" : "") }));
   }
   if (status.missing_topics.length) {
-    verdict.append(el("div", { className: "bad", text: `Missing topics: ${status.missing_topics.join(", ")}` }));
+    box.append(el("div", { className: "bad", text: `Missing topics: ${status.missing_topics.join(", ")}` }));
   }
 
-  $("groups").tBodies[0].replaceChildren(...groups.map((g) => el("tr", { "data-group": g },
-    el("td", { text: g }),
-    el("td", {}, el("span", { className: "status", "data-status": status.groups[g], text: status.groups[g] })),
-    el("td", { className: "num", "data-field": "holds", text: fmt(perGroup[g].holds) }),
-    el("td", { className: "num", text: fmt(perGroup[g].total) }),
-    el("td", { className: "num", text: fmt(perGroup[g].max) }),
-  )));
+  $("groups").tBodies[0].replaceChildren(...groups.map((g) => {
+    const group = status.groups[g];
+    return el("tr", { "data-group": g },
+      el("td", { text: g }),
+      el("td", {}, el("span", { className: "status", "data-status": group.status, text: group.status })),
+      el("td", { className: "num", "data-field": "holds", text: fmt(group.holding) }),
+      el("td", { className: "num", "data-field": "lag", text: fmt(group.lag) }),
+      el("td", { className: "num", "data-field": "lag-s", text: seconds(group.lag_s, group.lag_s_exact) }),
+      el("td", { className: "num", "data-field": "unmoved", text: seconds(group.unmoved_s) }));
+  }));
 
   const topics = {};
   for (const part of parts) {
     const t = (topics[part.topic] ||= { partitions: 0, held: 0, waiting: 0, by: {} });
     t.partitions += 1;
     if (isHeld(part)) t.held += 1;
-    t.waiting += waiting(part) || 0;
+    t.waiting += part.waiting || 0;
     for (const g of part.holding) t.by[g] = (t.by[g] || 0) + 1;
   }
   $("topics").tBodies[0].replaceChildren(...Object.entries(topics).map(([topic, t]) => {
@@ -240,6 +244,67 @@ function render(status) {
   renderPartitions();
 }
 
+// ---- charts: the last minutes, from GET /status/{gate}/history --------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function sparkline(className, values) {
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", className);
+  svg.setAttribute("viewBox", "0 0 100 40");
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  const known = values.filter((v) => v !== null && v !== undefined);
+  if (known.length) {
+    const max = Math.max(...known, 1e-9);
+    const step = values.length > 1 ? 100 / (values.length - 1) : 100;
+    const points = values.map((v, i) => (v === null || v === undefined ? null : `${(i * step).toFixed(2)},${(38 - (v / max) * 36).toFixed(2)}`));
+    const line = document.createElementNS(SVG, "polyline");
+    line.setAttribute("points", points.filter(Boolean).join(" "));
+    svg.append(line);
+  }
+  return svg;
+}
+
+function chart(title, detail, lines, span) {
+  const node = el("div", { className: "chart", "data-chart": title },
+    el("div", { className: "title", text: title + " " }, el("span", { className: "muted", text: detail })));
+  for (const [className, values] of lines) node.append(sparkline(className, values));
+  node.append(el("div", { className: "legend" }, el("span", { text: `${seconds(span)} ago` }), el("span", { text: "now" })));
+  return node;
+}
+
+async function refreshHistory() {
+  const gate = state.gate;
+  if (!gate || !state.status) return;
+  let body;
+  try {
+    const response = await api(`/status/${encodeURIComponent(gate)}/history`);
+    if (!response.ok) return;
+    body = await response.json();
+  } catch (error) {
+    if (error instanceof Unauthorized) askForToken();
+    return;
+  }
+  if (gate !== state.gate) return;
+  const points = body.points;
+  const span = points.length ? body.now - points[0].t : body.span_s;
+  const charts = [];
+  const rates = points.map((p, i) => (i ? Math.max(0, p.released - points[i - 1].released) / body.step_s : null));
+  const lastRate = rates.length ? rates[rates.length - 1] : null;
+  const last = points[points.length - 1];
+  charts.push(chart(`${gate}: released`, lastRate === null ? "" : `${fmt(Math.round(lastRate))}/s now · ${fmt(last.waiting)} waiting`,
+    [["released", rates], ["records", points.map((p) => p.waiting)]], span));
+  for (const g of Object.keys(state.status.groups)) {
+    const lag = points.map((p) => (p.groups[g] ? p.groups[g].lag : null));
+    const lagS = points.map((p) => (p.groups[g] ? p.groups[g].lag_s : null));
+    const now = last && last.groups[g] ? last.groups[g] : null;
+    charts.push(chart(g, now ? `lag ${fmt(now.lag)} records · ${seconds(now.lag_s)}` : "",
+      [["records", lag], ["seconds", lagS]], span));
+  }
+  $("charts").replaceChildren(...charts);
+}
+
 function columns() {
   const groups = state.status ? Object.keys(state.status.groups) : [];
   return [
@@ -247,12 +312,16 @@ function columns() {
     { key: "partition", label: "partition", num: true, value: (p) => p.partition },
     { key: "end", label: "end offset", num: true, value: (p) => p.end_offset },
     { key: "watermark", label: "watermark", num: true, value: (p) => p.watermark },
-    { key: "waiting", label: "records waiting", num: true, value: waiting },
+    { key: "waiting", label: "records waiting", num: true, value: (p) => p.waiting },
+    { key: "oldest", label: "oldest waiting", num: true, value: (p) => (p.waiting ? p.waiting_s : null) },
     ...groups.map((g) => ({
       key: `group:${g}`, label: g, num: true, group: g,
       value: (p) => (p.groups[g] ? p.groups[g].lag : null),
     })),
     { key: "holding", label: "held back by", value: (p) => p.holding.join(", ") },
+    ...(state.status && state.status.dependent && state.status.dependent.committed
+      ? [{ key: "dependent", label: `${state.status.dependent.group} (dependent)`, num: true, value: (p) => p.dependent }]
+      : []),
   ];
 }
 
@@ -300,7 +369,8 @@ function renderPartitions() {
     el("td", { className: "num", text: p.partition }),
     el("td", { className: "num", "data-field": "end", text: fmt(p.end_offset) }),
     el("td", { className: "num", "data-field": "watermark", text: p.watermark === null ? "none" : fmt(p.watermark) }),
-    el("td", { className: "num", "data-field": "waiting", text: fmt(waiting(p)) }),
+    el("td", { className: "num", "data-field": "waiting", text: fmt(p.waiting) }),
+    el("td", { className: "num", "data-field": "oldest", text: p.waiting ? seconds(p.waiting_s) : "" }),
     ...Object.keys(status.groups).map((g) => {
       const pos = p.groups[g];
       const cell = el("td", { className: "num", "data-group": g });
@@ -311,13 +381,17 @@ function renderPartitions() {
       return cell;
     }),
     el("td", { className: "holding", "data-field": "holding", text: p.holding.join(", ") }),
+    ...(status.dependent && status.dependent.committed
+      ? [el("td", { className: "num", "data-field": "dependent", text: fmt(p.dependent) })] : []),
   )));
 }
 
 function tickAge() {
   if (!state.status) return;
-  const age = Math.max(0, (Date.now() - Date.parse(state.status.polled_at)) / 1000);
-  $("card-age").textContent = age < 60 ? `${age.toFixed(1)} s` : `${Math.round(age / 60)} min`;
+  // The server's age of the snapshot when it answered, plus the time since (the browser's
+  // clock may be off; its elapsed time is not).
+  const age = state.status.age_s + (performance.now() - state.receivedAt) / 1000;
+  $("card-age").textContent = `${seconds(age)} old`;
 }
 
 function showEmpty(text) {
@@ -350,3 +424,4 @@ $("more").addEventListener("click", () => { state.showAll = true; renderPartitio
 refreshService();
 setInterval(refreshService, 5000);
 setInterval(tickAge, 1000);
+setInterval(refreshHistory, 5000);

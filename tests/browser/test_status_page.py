@@ -71,6 +71,7 @@ def scenario(kafka: Kafka) -> Iterator[tuple[ServedGate, str, str, str]]:
         kafka.bootstrap,
         {"service-a": {"topics": [topic], "depends_on": [b, c]}},
         poll_interval_ms=100,
+        status={"history_step_ms": 200},
     )
     with serve_gate(config) as gate:
         wait_until(lambda: httpx.get(f"{gate.url}/status/service-a").status_code == 200)
@@ -108,12 +109,22 @@ def test_the_page_shows_what_the_api_says_and_follows_it_live(
     assert page.locator("#card-held").inner_text() == "2"
     assert page.locator("#card-waiting").inner_text() == "45"  # (50-20) + (50-35)
 
-    # A blocked partition names the group holding it back, and the summary says who.
+    # A blocked partition names the group holding it back; the groups say who holds what.
     assert cell(page, topic, 1, '[data-field="holding"]') == c
     assert cell(page, topic, 0, '[data-field="holding"]') == ""
-    assert c in page.locator("#verdict").inner_text()
+    assert page.locator("#verdict").inner_text().startswith("service-a: flowing: 45 records")
     assert page.locator(f'#groups tr[data-group="{c}"] [data-field="holds"]').inner_text() == "2"
     assert page.locator(f'#groups tr[data-group="{b}"] [data-field="holds"]').inner_text() == "0"
+    assert page.locator(f'#groups tr[data-group="{c}"] [data-field="lag"]').inner_text() == "45"
+    assert "s" in page.locator(f'#groups tr[data-group="{c}"] [data-field="lag-s"]').inner_text()
+    assert "version" in page.locator("#card-version").inner_text()
+
+    # Charts of the last minutes: the release rate and each group's lag.
+    page.wait_for_function(
+        "document.querySelectorAll('#charts .chart svg polyline').length >= 3", timeout=15_000
+    )
+    titles = page.locator("#charts .chart .title").all_inner_texts()
+    assert any(t.startswith(c) for t in titles) and any(t.startswith(b) for t in titles)
 
     # Sorted by records waiting, most first.
     first = page.locator("#partitions tbody tr").first
@@ -137,6 +148,56 @@ def test_the_page_shows_what_the_api_says_and_follows_it_live(
     assert cell(page, topic, 3, '[data-field="holding"]') == ""
     assert page.locator("#card-held").inner_text() == "1"
     assert errors == []
+
+
+def test_a_stuck_gate_is_an_alarm_naming_the_group(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 30, 1: 30})
+    b, c = unique("service-b"), unique("service-c")
+    kafka.commit(b, topic, {0: 30, 1: 30})
+    kafka.commit(c, topic, {0: 12, 1: 30})
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b, c]}},
+        poll_interval_ms=100,
+        status={"stall_after_ms": 1000, "history_step_ms": 200},
+    )
+    with serve_gate(config) as gate:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'stuck'", timeout=15_000
+        )
+        text = page.locator("#verdict").inner_text()
+        assert text.startswith("service-a: stuck since") and f"on {c}" in text
+        assert "18 records waiting" in text
+        assert page.locator("#card-wait-label").inner_text() == "stuck for"
+        status = page.locator(f'#groups tr[data-group="{c}"] .status').inner_text()
+        assert status == "STALLED"
+        page.wait_for_function(
+            "document.querySelectorAll('#charts .chart svg polyline').length >= 3", timeout=15_000
+        )
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "status-page-stuck.png"), full_page=True)
+
+
+def test_the_page_fits_a_phone(browser, scenario) -> None:  # type: ignore[no-untyped-def]
+    gate = scenario[0]
+    page = browser.new_page()
+    page.set_viewport_size({"width": 420, "height": 900})
+    page.goto(gate.url + "/")
+    page.wait_for_selector("#partitions tbody tr")
+    page.wait_for_function(
+        "document.querySelectorAll('#charts .chart svg polyline').length >= 3", timeout=15_000
+    )
+    # No sideways scroll of the page; wide tables scroll inside their own box.
+    assert page.evaluate("document.documentElement.scrollWidth") <= 420
+    wide = page.evaluate(
+        "[...document.querySelectorAll('.scroll')].some(b => b.scrollWidth > b.clientWidth)"
+    )
+    assert wide, "the partitions table should be wider than a phone (and scroll on its own)"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "status-page-narrow.png"), full_page=True)
 
 
 def test_sorting_filtering_and_many_partitions(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]

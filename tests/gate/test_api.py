@@ -7,6 +7,7 @@ synthetic polls; the end-to-end tests against a broker live in test_gate_e2e.py.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -231,7 +232,8 @@ def test_metrics_expose_watermarks_and_dependency_state(api: Harness) -> None:
     api.publish({0: 30, 1: 30}, {0: 23, 1: 52, 2: 15})
     text = api.client.get("/metrics").text
     assert 'gate_watermark{gate="service-a",partition="0",topic="payments"} 23.0' in text
-    assert 'gate_watermark{gate="service-a",partition="2",topic="payments"} -1.0' in text
+    assert 'gate_watermark{gate="service-a",partition="2",topic="payments"}' not in text
+    assert 'gate_committed_offset{gate="service-a",group="CG-B",partition="2"' not in text
     assert 'gate_dependency_missing_partitions{gate="service-a",group="CG-B"} 1.0' in text
     assert 'gate_dependency_status{gate="service-a",group="CG-B",status="MISSING"} 1.0' in text
     assert (
@@ -248,8 +250,15 @@ def test_status_explains_who_holds_each_partition(api: Harness) -> None:
     assert by_partition[0]["holding"] == ["CG-C"]
     assert by_partition[2]["holding"] == ["CG-B"]
     assert by_partition[1]["groups"]["CG-C"]["lag"] == 8
-    summary = api.client.get("/status").json()
-    assert summary["gates"]["service-a"]["groups"] == {"CG-B": "OK", "CG-C": "OK"}
+    summary = api.client.get("/status").json()["gates"]["service-a"]
+    groups = summary["groups"]
+    assert {g: groups[g]["status"] for g in groups} == {"CG-B": "OK", "CG-C": "OK"}
+    assert {g: groups[g]["holding"] for g in groups} == {"CG-B": 2, "CG-C": 1}
+    assert summary["partition_count"] == 3 and "partitions" not in summary
+    assert body["partition_count"] == 3 and len(body["partitions"]) == 3
+    assert summary["verdict"]["state"] == "flowing"
+    assert summary["verdict"]["records_waiting"] == (60 - 23) + (60 - 30) + (60 - 10)
+    assert summary["verdict"]["text"].startswith("flowing: 117 records in transit")
 
 
 def test_openapi_documents_the_endpoints(api: Harness) -> None:
@@ -282,3 +291,47 @@ def test_api_token_protects_everything_but_probes() -> None:
         assert ok.status_code == 200
         assert client.get("/healthz").status_code == 200
         assert client.get("/readyz").status_code == 200
+
+
+def test_history_keeps_the_last_minutes_for_charts(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    body = api.client.get("/status/service-a/history").json()
+    assert body["gate"] == "service-a" and body["step_s"] > 0 and body["now"] > 0
+    (point,) = body["points"]
+    assert point["released"] == 23 + 30 + 10
+    assert point["waiting"] == 117
+    assert point["groups"]["CG-B"]["lag"] == 30 + 30 + 50
+    assert api.client.get("/status/nope/history").status_code == 404
+
+
+def test_ready_beyond_the_end_of_the_partition_says_so(api: Harness) -> None:
+    api.publish({0: 60}, {0: 60})
+    response = ready(api, 0, 75)
+    assert response.status_code == 425
+    assert "beyond the end of payments[0] (60)" in response.json()["reason"]
+    assert "waiting for dependency groups" in ready(api, 1, 5).json()["reason"]
+
+
+def test_the_api_docs_are_served_without_any_other_host(api: Harness) -> None:
+    page = api.client.get("/docs")
+    assert page.status_code == 200
+    assert "https://" not in page.text and "http://" not in page.text
+    for asset in re.findall(r'(?:src|href)="([^"]+)"', page.text):
+        assert api.client.get(asset).status_code == 200, asset
+    assert api.client.get("/redoc").status_code == 200
+
+
+def test_readyz_reports_an_unreachable_redis() -> None:
+    service = GateService(
+        gate_config(
+            "127.0.0.1:1",
+            {"a": {"topics": ["t"], "depends_on": ["b"]}},
+            redis_url="redis://127.0.0.1:1/0",
+        )
+    )
+    service.last_success = time.time()
+    client = TestClient(create_app(service, manage_service=False))
+    with client:
+        body = client.get("/readyz").json()
+    assert body["ok"] is True and body["redis"] is False
+    assert "redis unreachable" in body["detail"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate import DependencyStatus, GateEvaluator, PollResult, StatusPolicy
@@ -88,22 +88,108 @@ def test_stalled_when_lag_persists_without_commits() -> None:
     assert state.partitions[("t", 1)].groups["b"].status == STALLED
 
 
-def test_lagging_when_the_lag_floor_rises_from_window_to_window() -> None:
-    ev = evaluator(lag_window=10.0, stall_after=1000.0)
+def test_lagging_only_when_the_lag_grows_across_the_whole_window() -> None:
+    """The end grows 10 records a second. b falls further behind at every poll for longer
+    than the window, and its oldest unprocessed record is older than the threshold: LAGGING.
+    c's lag wobbles (falls now and then): never LAGGING."""
+    ev = evaluator(lag_window=10.0, lag_threshold=5.0, stall_after=1000.0)
+    states = []
+    for second in range(0, 31):
+        end = 10 * second + 10
+        b = 5 * second + 10  # its lag grows by 5 records a second
+        c = end - (3 if second % 2 else 0)  # keeps up, lag 0 or 3
+        states.append(ev.observe(poll(float(second), {"b": {0: b}, "c": {0: c}}, {0: end}, 1)))
+    assert all(s.groups["c"] == OK for s in states)
+    assert states[5].groups["b"] == OK  # not a whole window yet
+    assert states[25].groups["b"] == LAGGING
+    lagging = states[25].partitions[("t", 0)].groups["b"]
+    assert lagging.lag == 125 and lagging.lag_seconds is not None and lagging.lag_seconds > 5
+    # It catches up a little: its lag fell, so the trend starts again.
+    caught = ev.observe(poll(31.0, {"b": {0: 300}, "c": {0: 320}}, {0: 320}, 1))
+    assert caught.groups["b"] == OK
 
-    def step(at: float, b: int, c: int, end: int):
-        return ev.observe(poll(at, {"b": {0: b}, "c": {0: c}}, {0: end}, partitions=1))
 
-    # Window 1: b's lag dips to 2 at some point; c keeps up.
-    step(0.0, 10, 12, 12)
-    step(5.0, 20, 22, 22)
-    assert step(10.0, 25, 30, 30).groups == {"b": OK, "c": OK}
-    # Window 2: b's smallest lag is 8 > 2: it falls behind. c's dips to 0 again.
-    step(15.0, 30, 40, 40)
-    assert step(20.0, 40, 48, 48).groups == {"b": LAGGING, "c": OK}
-    # Window 3: b catches up (floor 0): OK again.
-    step(25.0, 60, 60, 60)
-    assert step(30.0, 70, 70, 70).groups["b"] == OK
+def test_a_growing_lag_of_a_few_seconds_is_not_lagging() -> None:
+    ev = evaluator(lag_window=5.0, lag_threshold=30.0, stall_after=1000.0)
+    for second in range(20):
+        state = ev.observe(
+            poll(float(second), {"b": {0: second}, "c": {0: 2 * second}}, {0: 2 * second}, 1)
+        )
+    assert state.groups["b"] == OK  # 20 s behind at most, below the 30 s threshold
+
+
+def test_lag_in_seconds_is_the_age_of_the_oldest_unprocessed_record() -> None:
+    ev = evaluator(stall_after=1000.0)
+    ev.observe(poll(100.0, {"b": {0: 0}, "c": {0: 0}}, {0: 0}, 1))
+    ev.observe(poll(110.0, {"b": {0: 0}, "c": {0: 0}}, {0: 10}, 1))  # 10 records appended
+    ev.observe(poll(120.0, {"b": {0: 0}, "c": {0: 10}}, {0: 20}, 1))
+    state = ev.observe(poll(130.0, {"b": {0: 5}, "c": {0: 20}}, {0: 20}, 1))
+    b = state.partitions[("t", 0)].groups["b"]
+    # Offset 5 was appended between 100 s and 110 s (end 0 -> 10): about 106 s.
+    assert b.lag == 15 and b.lag_exact and 23.0 <= b.lag_seconds <= 25.0  # type: ignore[operator]
+    assert state.partitions[("t", 0)].groups["c"].lag_seconds == 0.0
+    # The oldest waiting record is offset 5 (the watermark): the same age.
+    assert state.partitions[("t", 0)].waiting_seconds == b.lag_seconds
+
+
+def test_the_verdict_tells_a_flow_from_a_stall() -> None:
+    ev = evaluator(stall_after=10.0)
+    flowing = None
+    for second in range(8):
+        flowing = ev.observe(
+            poll(float(second), {"b": {0: second}, "c": {0: second + 1}}, {0: second + 3}, 1)
+        )
+    assert flowing is not None and flowing.verdict is not None
+    assert flowing.verdict.state == "flowing"
+    assert flowing.verdict.records_waiting == 3
+    assert flowing.verdict.released_within is not None
+    # b stops committing while records keep coming: stuck on b once stall_after passed.
+    for second in range(8, 20):
+        state = ev.observe(poll(float(second), {"b": {0: 7}, "c": {0: second}}, {0: second + 3}, 1))
+    assert state.verdict is not None and state.verdict.state == "stuck"
+    assert state.verdict.stuck_on == ("b",) and state.verdict.stuck_since == 7.0
+    released = ev.observe(poll(21.0, {"b": {0: 30}, "c": {0: 30}}, {0: 30}, 1))
+    assert released.verdict is not None and released.verdict.state == "released"
+
+
+def test_the_dependent_s_own_progress_names_the_bottleneck() -> None:
+    ev = GateEvaluator("a", ["t"], ["b"], StatusPolicy(), dependent="a")
+    state = ev.observe(poll(1.0, {"b": {0: 90}, "a": {0: 10}}, {0: 100}, 1))
+    part = state.partitions[("t", 0)]
+    assert part.dependent == 10 and part.released_unprocessed == 80
+    assert state.verdict is not None and state.verdict.bottleneck == "dependent"
+    state = ev.observe(poll(2.0, {"b": {0: 90}, "a": {0: 90}}, {0: 100}, 1))
+    assert state.verdict is not None and state.verdict.bottleneck == "dependencies"
+
+
+lags = st.lists(st.integers(0, 50), min_size=2, max_size=40)
+
+
+@settings(max_examples=200)
+@given(lags, st.integers(1, 5))
+def test_a_group_whose_lag_never_grows_is_never_lagging(falling: list[int], step: int) -> None:
+    """However long, a group whose lag is bounded and non-increasing is never LAGGING, and
+    while its committed offset keeps moving it is never STALLED."""
+    ev = evaluator(lag_window=3.0, lag_threshold=0.0, stall_after=2.5 * step)
+    lag_values = sorted(falling, reverse=True)
+    end = 1000
+    for i, lag in enumerate(lag_values):
+        end += 7
+        committed = end - lag
+        state = ev.observe(poll(float(i * step), {"b": {0: committed}, "c": {0: end}}, {0: end}, 1))
+        assert state.groups["b"] not in (LAGGING, STALLED), (i, lag_values)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), min_size=1, max_size=12))
+def test_only_groups_at_the_watermark_hold_a_partition(history: list[tuple[int, int]]) -> None:
+    ev = evaluator()
+    for i, (b, c) in enumerate(history):
+        state = ev.observe(poll(float(i), {"b": {0: b}, "c": {0: c}}, {0: 60}, 1))
+        part = state.partitions[("t", 0)]
+        low = min(b, c)
+        expected = () if low >= 60 else tuple(g for g, o in (("b", b), ("c", c)) if o == low)
+        assert part.holding == expected
 
 
 def test_rewind_follows_down_by_default_and_is_reported() -> None:
@@ -229,3 +315,17 @@ def test_a_vanished_topic_forgets_its_history() -> None:
     assert [(r.partition, r.after) for r in gone.resets] == [(0, None)]
     back = gate.observe(poll(3.0, {"b": {0: 0}, "c": {0: 0}}, {0: 200}, partitions=1))
     assert back.snapshot.watermarks[("t", 0)] == 0
+
+
+@settings(max_examples=200)
+@given(st.lists(st.integers(0, 40), min_size=2, max_size=60))
+def test_a_small_wobbling_lag_is_never_lagging(wobble: list[int]) -> None:
+    """Records arrive at 10 a second and the group is never more than 40 records (4 s)
+    behind, in any pattern: below the 10 s threshold it is never LAGGING."""
+    ev = evaluator(lag_window=5.0, lag_threshold=10.0, stall_after=1000.0)
+    end = committed = 0
+    for second, lag in enumerate(wobble):
+        end += 10
+        committed = max(committed, end - lag)  # commits never go backwards
+        state = ev.observe(poll(float(second), {"b": {0: committed}, "c": {0: end}}, {0: end}, 1))
+        assert state.groups["b"] == OK, (second, wobble)

@@ -1,0 +1,56 @@
+"""A bounded in-memory history of each gate, for the status page's charts.
+
+One point every ``step`` seconds (the last state seen in that step), ``span`` seconds kept:
+per dependency group its lag in records (over all partitions) and in seconds (the oldest
+record it has not processed, over all partitions), and for the gate the sum of its
+watermarks (its rise is the release rate), the records held back, and the records released
+to the dependent that it has not processed. Pure: fed with gate states.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from gate._state import GateState
+
+
+class GateHistory:
+    def __init__(self, step: float = 5.0, span: float = 900.0) -> None:
+        self.step = step
+        self.span = span
+        self.points: deque[dict[str, Any]] = deque(maxlen=max(2, int(span / step)))
+
+    def record(self, state: GateState) -> None:
+        """Keep ``state`` as the point of its step (the step's last state wins)."""
+        at = state.snapshot.polled_at
+        slot = at - at % self.step
+        point = point_of(state, slot)
+        if self.points and self.points[-1]["t"] == slot:
+            self.points[-1] = point
+        else:
+            self.points.append(point)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_s": self.step, "span_s": self.span, "points": list(self.points)}
+
+
+def point_of(state: GateState, slot: float) -> dict[str, Any]:
+    groups: dict[str, dict[str, Any]] = {g: {"lag": 0, "lag_s": None} for g in state.groups}
+    released = 0
+    for part in state.partitions.values():
+        released += part.watermark or 0
+        for group, position in part.groups.items():
+            entry = groups[group]
+            if position.lag is not None:
+                entry["lag"] += position.lag
+            if position.lag_seconds is not None:
+                entry["lag_s"] = max(entry["lag_s"] or 0.0, round(position.lag_seconds, 3))
+    verdict = state.verdict
+    return {
+        "t": slot,
+        "released": released,
+        "waiting": verdict.records_waiting if verdict else None,
+        "unprocessed": verdict.released_unprocessed if verdict else None,
+        "groups": groups,
+    }

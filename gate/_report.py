@@ -1,0 +1,252 @@
+"""What ``/status`` says about a gate, and the documented shape of it (the API's schema).
+
+One shape everywhere: ``GET /status`` gives each gate's :class:`GateSummary`,
+``GET /status/{gate}`` (and its stream) a :class:`GateStatus`: the summary plus
+``partitions``, always a list. Ages are computed here, by the server, when the answer is
+built (clients never need their own clock); times are ISO 8601 in UTC.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from gate._state import GateState, PartitionState
+from gate._watermark import format_time
+
+
+class VerdictBody(BaseModel):
+    state: Literal["released", "flowing", "stuck"] = Field(
+        description="released: nothing waits; flowing: records wait but the watermarks move "
+        "(healthy); stuck: records wait at a watermark that has not moved for stall_after "
+        "(an alarm)."
+    )
+    text: str = Field(description="The verdict in one line, as the status page shows it.")
+    records_waiting: int = Field(description="Records held back, over all partitions.")
+    released_within_s: float | None = Field(
+        description="Flowing: the age of the oldest record held back."
+    )
+    stuck_since: str | None = Field(description="Stuck: when the watermark last moved.")
+    stuck_for_s: float | None = Field(description="Stuck: seconds since then.")
+    stuck_on: list[str] = Field(description="Stuck: the groups holding those partitions.")
+    released_unprocessed: int = Field(
+        description="Records released to the dependent that it has not committed yet."
+    )
+    bottleneck: Literal["dependencies", "dependent"] | None = Field(
+        description="Who records wait for: the dependencies (held back) or the dependent."
+    )
+
+
+class GroupSummary(BaseModel):
+    status: Literal["OK", "LAGGING", "REWOUND", "STALLED", "MISSING"] = Field(
+        description="Its worst partition's status."
+    )
+    holding: int = Field(description="Partitions it holds back (it is at the watermark).")
+    lag: int = Field(description="Records behind the end, over all partitions.")
+    lag_s: float | None = Field(
+        description="Age of the oldest record it has not processed (null: unknown)."
+    )
+    lag_s_exact: bool = Field(description="False when lag_s is a lower bound.")
+    unmoved_s: float | None = Field(
+        description="Seconds since its committed offset last moved on a partition where it "
+        "has lag (null: it has lag nowhere)."
+    )
+
+
+class DependentSummary(BaseModel):
+    group: str = Field(description="The dependent's own consumer group.")
+    committed: bool = Field(description="Whether it has committed offsets on these topics.")
+    released_unprocessed: int = Field(
+        description="Records released to it that it has not committed yet."
+    )
+
+
+class GateSummary(BaseModel):
+    gate: str
+    version: int = Field(description="The snapshot's version (milliseconds, increasing).")
+    polled_at: str = Field(description="When the poll behind this snapshot started.")
+    age_s: float = Field(description="Age of the snapshot when this answer was built.")
+    partition_count: int
+    held_partitions: int = Field(description="Partitions where records wait.")
+    unreleased_partitions: list[str] = Field(
+        description="Partitions with no watermark (nothing released), as topic[partition]."
+    )
+    records_waiting: int
+    missing_topics: list[str]
+    groups: dict[str, GroupSummary]
+    verdict: VerdictBody
+    dependent: DependentSummary | None
+
+
+class GroupPositionBody(BaseModel):
+    committed: int | None
+    lag: int | None = Field(description="Records behind the end (null: unknown).")
+    lag_s: float | None = Field(description="Age of the oldest record it has not processed.")
+    lag_s_exact: bool
+    status: Literal["OK", "LAGGING", "REWOUND", "STALLED", "MISSING"]
+    moved_at: str | None = Field(description="When its committed offset last moved.")
+    unmoved_s: float | None = Field(description="Seconds since then.")
+
+
+class PartitionBody(BaseModel):
+    topic: str
+    partition: int
+    end_offset: int | None
+    watermark: int | None = Field(description="Records below it are released (null: none).")
+    waiting: int | None = Field(description="Records held back (null: end unknown).")
+    waiting_s: float | None = Field(description="Age of the oldest record held back.")
+    watermark_moved_at: str | None
+    holding: list[str] = Field(
+        description="The groups at the watermark while records wait (ties together)."
+    )
+    dependent: int | None = Field(description="The dependent's committed offset.")
+    groups: dict[str, GroupPositionBody]
+
+
+class GateStatus(GateSummary):
+    partitions: list[PartitionBody]
+
+
+class HistoryPoint(BaseModel):
+    t: float = Field(description="Start of the step, seconds since the epoch.")
+    released: int = Field(description="Sum of the watermarks (its rise: records released).")
+    waiting: int | None
+    unprocessed: int | None
+    groups: dict[str, dict[str, Any]] = Field(
+        description="Per group: lag (records) and lag_s (seconds, the oldest unprocessed)."
+    )
+
+
+class GateHistoryBody(BaseModel):
+    gate: str
+    step_s: float
+    span_s: float
+    now: float = Field(description="The server's clock when this answer was built.")
+    points: list[HistoryPoint]
+
+
+def _age(at: float | None, now: float) -> float | None:
+    return None if at is None else round(max(0.0, now - at), 3)
+
+
+def verdict_json(state: GateState, now: float) -> dict[str, Any]:
+    verdict = state.verdict
+    assert verdict is not None
+    if verdict.state == "released":
+        text = "every record is released"
+    elif verdict.state == "flowing":
+        within = verdict.released_within
+        text = f"flowing: {verdict.records_waiting:,} records in transit" + (
+            f", released within {_duration(within)}" if within is not None else ""
+        )
+    else:
+        since = verdict.stuck_since or now
+        text = (
+            f"stuck since {format_time(since)} ({_duration(now - since)}) on "
+            f"{', '.join(verdict.stuck_on) or 'unknown groups'}: "
+            f"{verdict.records_waiting:,} records waiting"
+        )
+    if verdict.bottleneck == "dependent" and state.dependent:
+        text += (
+            f"; {state.dependent} itself has {verdict.released_unprocessed:,} released "
+            "records to process"
+        )
+    return {
+        "state": verdict.state,
+        "text": text,
+        "records_waiting": verdict.records_waiting,
+        "released_within_s": None
+        if verdict.released_within is None
+        else round(verdict.released_within, 3),
+        "stuck_since": None if verdict.stuck_since is None else format_time(verdict.stuck_since),
+        "stuck_for_s": _age(verdict.stuck_since, now),
+        "stuck_on": list(verdict.stuck_on),
+        "released_unprocessed": verdict.released_unprocessed,
+        "bottleneck": verdict.bottleneck,
+    }
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def gate_summary(state: GateState, now: float) -> dict[str, Any]:
+    parts = list(state.partitions.values())
+    groups: dict[str, dict[str, Any]] = {}
+    for group, status in state.groups.items():
+        lags = [p.groups[group] for p in parts if group in p.groups]
+        lag_seconds = [x.lag_seconds for x in lags if x.lag_seconds is not None]
+        unmoved = [now - x.moved_at for x in lags if x.lag and x.moved_at is not None]
+        oldest = max(lag_seconds, default=None)
+        groups[group] = {
+            "status": status.value,
+            "holding": sum(1 for p in parts if group in p.holding),
+            "lag": sum(x.lag or 0 for x in lags),
+            "lag_s": None if oldest is None else round(oldest, 3),
+            "lag_s_exact": all(x.lag_exact for x in lags if x.lag_seconds == oldest),
+            "unmoved_s": round(max(unmoved), 3) if unmoved else None,
+        }
+    dependent = None
+    if state.dependent:
+        dependent = {
+            "group": state.dependent,
+            "committed": any(p.dependent is not None for p in parts),
+            "released_unprocessed": sum(p.released_unprocessed for p in parts),
+        }
+    return {
+        "gate": state.gate,
+        "version": state.version,
+        "polled_at": format_time(state.snapshot.polled_at),
+        "age_s": round(state.snapshot.age(now), 3),
+        "partition_count": len(parts),
+        "held_partitions": sum(1 for p in parts if (p.waiting or 0) > 0),
+        "unreleased_partitions": [
+            f"{p.topic}[{p.partition}]" for p in parts if p.watermark is None
+        ],
+        "records_waiting": sum(p.waiting or 0 for p in parts),
+        "missing_topics": list(state.missing_topics),
+        "groups": groups,
+        "verdict": verdict_json(state, now),
+        "dependent": dependent,
+    }
+
+
+def gate_status(state: GateState, now: float) -> dict[str, Any]:
+    body = gate_summary(state, now)
+    body["partitions"] = [_partition(part, now) for part in state.partitions.values()]
+    return body
+
+
+def _partition(part: PartitionState, now: float) -> dict[str, Any]:
+    return {
+        "topic": part.topic,
+        "partition": part.partition,
+        "end_offset": part.end_offset,
+        "watermark": part.watermark,
+        "waiting": part.waiting,
+        "waiting_s": None if part.waiting_seconds is None else round(part.waiting_seconds, 3),
+        "watermark_moved_at": None
+        if part.watermark_moved_at is None
+        else format_time(part.watermark_moved_at),
+        "holding": list(part.holding),
+        "dependent": part.dependent,
+        "groups": {
+            group: {
+                "committed": pos.committed,
+                "lag": pos.lag,
+                "lag_s": None if pos.lag_seconds is None else round(pos.lag_seconds, 3),
+                "lag_s_exact": pos.lag_exact,
+                "status": pos.status.value,
+                "moved_at": None if pos.moved_at is None else format_time(pos.moved_at),
+                "unmoved_s": _age(pos.moved_at, now),
+            }
+            for group, pos in part.groups.items()
+        },
+    }

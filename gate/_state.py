@@ -1,0 +1,207 @@
+"""What one evaluation of a gate says: its partitions, dependency groups and verdict.
+
+The data :class:`~gate._status.GateEvaluator` produces from each :class:`PollResult`; nothing
+here computes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, NamedTuple
+
+from gate._watermark import Partition, Snapshot
+
+
+class DependencyStatus(StrEnum):
+    OK = "OK"
+    LAGGING = "LAGGING"
+    REWOUND = "REWOUND"
+    STALLED = "STALLED"
+    MISSING = "MISSING"
+
+
+# Most severe first: the overall status of a group is its worst partition.
+SEVERITY: tuple[DependencyStatus, ...] = (
+    DependencyStatus.MISSING,
+    DependencyStatus.STALLED,
+    DependencyStatus.REWOUND,
+    DependencyStatus.LAGGING,
+    DependencyStatus.OK,
+)
+_RANK = {status: rank for rank, status in enumerate(SEVERITY)}
+OK, LAGGING, REWOUND, STALLED, MISSING = (
+    DependencyStatus.OK,
+    DependencyStatus.LAGGING,
+    DependencyStatus.REWOUND,
+    DependencyStatus.STALLED,
+    DependencyStatus.MISSING,
+)
+_OK_RANK = _RANK[OK]
+_MISSING_RANK = _RANK[MISSING]
+
+
+@dataclass(frozen=True, slots=True)
+class PollResult:
+    """What one poll of the admin API saw, for all gates at once."""
+
+    started_at: float
+    finished_at: float
+    partition_counts: Mapping[str, int]
+    """Partitions per topic; a topic that does not exist is absent."""
+    end_offsets: Mapping[Partition, int]
+    committed: Mapping[str, Mapping[Partition, int]]
+    """Committed offsets per group; a partition without a commit is absent."""
+    failed_groups: frozenset[str] = frozenset()
+    """Groups whose offsets could not be read in this poll."""
+    failed_topics: frozenset[str] = frozenset()
+    """Topics whose metadata could not be read in this poll."""
+    errors: tuple[str, ...] = ()
+
+    @property
+    def duration(self) -> float:
+        return self.finished_at - self.started_at
+
+
+class GroupPosition(NamedTuple):
+    """One dependency group on one partition (a tuple: built for every pair on every poll)."""
+
+    committed: int | None
+    lag: int | None
+    status: DependencyStatus
+    moved_at: float | None
+    """When the committed offset last changed (None when there is none)."""
+    lag_seconds: float | None = None
+    """Age of the oldest record the group has not processed (None: no commit or no end)."""
+    lag_exact: bool = True
+    """False when the record is older than the gate's history: a lower bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    topic: str
+    partition: int
+    end_offset: int | None
+    watermark: int | None
+    holding: tuple[str, ...]
+    """Groups that hold this partition back while records wait: those whose offset is the
+    watermark (ties together), or that have no commit."""
+    groups: Mapping[str, GroupPosition]
+    watermark_moved_at: float | None = None
+    """When the watermark last changed (first seen: the first poll that saw it)."""
+    waiting_seconds: float | None = None
+    """Age of the oldest record held back (0 when none waits; None when unknown)."""
+    dependent: int | None = None
+    """The dependent's own committed offset, when its group is known and has one."""
+
+    @property
+    def waiting(self) -> int | None:
+        """Records held back (None when the end is unknown)."""
+        if self.end_offset is None:
+            return None
+        return max(0, self.end_offset - (self.watermark or 0))
+
+    @property
+    def released_unprocessed(self) -> int:
+        """Records released to the dependent that it has not committed yet."""
+        if self.dependent is None or self.watermark is None:
+            return 0
+        return max(0, self.watermark - self.dependent)
+
+    def behind(self, offset: int) -> list[dict[str, object]]:
+        """Groups that have not committed past ``offset``, and how many records they lack."""
+        result: list[dict[str, object]] = []
+        for group, position in self.groups.items():
+            if position.committed is None:
+                result.append(
+                    {
+                        "group": group,
+                        "committed": None,
+                        "behind_by": None,
+                        "status": position.status.value,
+                    }
+                )
+            elif position.committed <= offset:
+                result.append(
+                    {
+                        "group": group,
+                        "committed": position.committed,
+                        "behind_by": offset + 1 - position.committed,
+                        "status": position.status.value,
+                    }
+                )
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    group: str
+    topic: str
+    partition: int
+    before: int
+    after: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogReset:
+    """A partition's log moved backwards (the topic was deleted and recreated, or it
+    vanished): the groups' history on it (highest offsets, rewinds) starts afresh."""
+
+    topic: str
+    partition: int
+    before: int | None
+    after: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LostOffset:
+    """A committed offset that disappeared: group deleted or its offsets expired."""
+
+    group: str
+    topic: str
+    partition: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The gate in one line: everything released, flowing, or stuck (an alarm)."""
+
+    state: Literal["released", "flowing", "stuck"]
+    records_waiting: int
+    released_within: float | None
+    """Flowing: the age of the oldest record held back (how long records wait)."""
+    stuck_since: float | None
+    """Stuck: when the watermark of the longest-stuck partition last moved."""
+    stuck_on: tuple[str, ...]
+    """Stuck: the groups holding the stuck partitions."""
+    released_unprocessed: int
+    """Records released to the dependent that it has not committed yet."""
+    bottleneck: Literal["dependencies", "dependent"] | None
+    """Who the records wait for: the dependencies (held back) or the dependent itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class GateState:
+    snapshot: Snapshot
+    partitions: Mapping[Partition, PartitionState]
+    groups: Mapping[str, DependencyStatus]
+    missing_topics: tuple[str, ...] = ()
+    changed: bool = True
+    """Whether the watermarks differ from the previous state's."""
+    rewinds: tuple[Rewind, ...] = ()
+    lost: tuple[LostOffset, ...] = ()
+    resets: tuple[LogReset, ...] = ()
+    poll_duration: float = 0.0
+    verdict: Verdict | None = None
+    dependent: str | None = None
+    """The dependent's own consumer group, when the gate follows it."""
+
+    @property
+    def gate(self) -> str:
+        return self.snapshot.gate
+
+    @property
+    def version(self) -> int:
+        return self.snapshot.version
