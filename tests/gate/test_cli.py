@@ -205,7 +205,8 @@ def test_status_explains_who_holds_which_partition(kafka: Kafka) -> None:
         unknown = run("status", "--url", gate.url, "--gate", "nope", "--token", "cli-token")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "service-a: waits on 2 of 3 partitions" in out
+    assert "service-a: flowing: 43 records in transit" in out
+    assert "3 partitions · 2 held back" in out
     lines = {line.split("│")[2].strip(): line for line in out.splitlines() if topic in line}
     assert set(lines) == {"0", "1", "2"}
     # Partition 2: watermark 12 held by B; partition 1: 25 held by C; 0: released.
