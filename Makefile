@@ -1,5 +1,7 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
-# Each creates the virtual environment in .venv and installs what it needs on first use.
+# Each creates the virtual environment in .venv and installs what it needs on first use:
+# the demo only the service and its local broker and Redis; the tests everything else too
+# (Spark, Helm's engine, the browser driver, the fuzzers).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13 || command -v python3)
 VENV := .venv
@@ -8,18 +10,24 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test lint bench soak clean
 
-$(VENV)/.installed: pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "Python 3.11 or newer is required (found $$($(PYTHON) --version))" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[local]'
 	@touch $@
 
-demo: $(VENV)/.installed
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@ $(VENV)/.installed-demo
+
+demo: $(VENV)/.installed-demo
 	$(BIN)/gate demo
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
@@ -29,7 +37,7 @@ test: lint
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$status
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.gate_bench
 	$(BIN)/python -m bench.engine_bench
 	$(BIN)/python -m bench.gating_bench
@@ -37,7 +45,7 @@ bench: $(VENV)/.installed
 
 # The three-service scenario on real processes for SOAK_SECONDS (default 600), on each broker.
 SOAK_SECONDS ?= 600
-soak: $(VENV)/.installed
+soak: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.soak --duration $(SOAK_SECONDS) --broker tansu
 	$(BIN)/python -m bench.soak --duration $(SOAK_SECONDS) --broker noida
 

@@ -17,11 +17,13 @@ checkpoint.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -92,19 +94,31 @@ def main() -> int:
         f"reading {args.topic}; totals in {output}; progress committed to {args.group}", flush=True
     )
     started = time.monotonic()
+    failure: BaseException | None = None
     try:
         while query.isActive and (not args.duration or time.monotonic() - started < args.duration):
             query.awaitTermination(0.5)
+        if not query.isActive:
+            failure = query.exception()  # the query ended by itself: it failed
     except KeyboardInterrupt:
         pass
+    except StreamingQueryException as exc:
+        failure = exc
     finally:
         query.stop()
         committer.close()
         spark.stop()
-    if query.exception() is not None:
-        print(f"the query failed: {query.exception()}", file=sys.stderr)
+    if failure is not None:
+        print(f"the query failed: {reason(failure)}", file=sys.stderr)
         return 1
     return 0
+
+
+def reason(failure: BaseException) -> str:
+    """The error behind Spark's wrapping (the last "...Error: ..." line of its text)."""
+    lines = [line.strip() for line in str(failure).splitlines()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return errors[-1] if errors else (lines[0] if lines else type(failure).__name__)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,17 +83,21 @@ def check_live(config: GateConfig, *, timeout: float = 5.0) -> list[Problem]:
                 f"({describe_kafka_error(exc)})",
             )
         ]
-    problems: list[Problem] = []
+    problems: list[Problem] = check_redis(config, timeout)
     counts: dict[str, int] = {}
     for name, spec in config.gates.items():
         for topic in spec.topics:
             found = metadata.topics.get(topic)
             if found is None or found.error is not None or not found.partitions:
+                hint = did_you_mean(topic, [t for t in metadata.topics if not t.startswith("__")])
                 problems.append(
-                    Problem("error", f"gates.{name}.topics", f"topic {topic!r} does not exist")
+                    Problem(
+                        "error", f"gates.{name}.topics", f"topic {topic!r} does not exist{hint}"
+                    )
                 )
             else:
                 counts[topic] = len(found.partitions)
+    known_groups = _group_ids(admin, timeout)
     for name, spec in config.gates.items():
         wanted = [TopicPartition(t, p) for t in spec.topics for p in range(counts.get(t, 0))]
         if not wanted:
@@ -118,12 +123,13 @@ def check_live(config: GateConfig, *, timeout: float = 5.0) -> list[Problem]:
                 if tp.error is not None or tp.offset == OFFSET_INVALID or tp.offset < 0
             ]
             if len(missing) == len(wanted):
+                hint = "" if group in known_groups else did_you_mean(group, known_groups)
                 problems.append(
                     Problem(
                         "warning",
                         f"gates.{name}.depends_on",
                         f"group {group!r} has not committed on {', '.join(spec.topics)} yet "
-                        "(nothing is released until it does)",
+                        f"(nothing is released until it does){hint}",
                     )
                 )
             elif missing:
@@ -136,3 +142,47 @@ def check_live(config: GateConfig, *, timeout: float = 5.0) -> list[Problem]:
                     )
                 )
     return problems
+
+
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _group_ids(admin: AdminClient, timeout: float) -> list[str]:
+    """The cluster's consumer groups (empty when the broker cannot list them)."""
+    try:
+        listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout + 1)
+    except Exception:
+        return []
+    return [group.group_id for group in listed.valid]
+
+
+def check_redis(config: GateConfig, timeout: float) -> list[Problem]:
+    """Redis answers (when one is configured), with the configured credentials."""
+    if config.redis is None:
+        return []
+    import redis
+
+    settings = config.redis
+    client = redis.Redis.from_url(
+        settings.url.get_secret_value(),
+        password=settings.password.get_secret_value() if settings.password else None,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        where = _redacted(settings.url.get_secret_value())
+        return [Problem("error", "redis.url", f"cannot reach Redis at {where} ({exc})")]
+    finally:
+        client.close()
+    return []
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"

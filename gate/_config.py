@@ -6,6 +6,7 @@ Every problem is reported as one readable line naming the field, e.g.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -202,8 +203,13 @@ KAFKA_ENV_PREFIX = "GATE_KAFKA_"
 """``GATE_KAFKA_SASL_PASSWORD=...`` sets the librdkafka property ``sasl.password``."""
 
 
-def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+def apply_env(
+    data: dict[str, Any], env: Mapping[str, str], origins: dict[tuple[str, ...], str] | None = None
+) -> dict[str, Any]:
+    """``data`` with the environment's overrides; ``origins`` collects which setting came from
+    which variable (so an error names the variable)."""
     merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    origins = {} if origins is None else origins
     for var, path in ENV_OVERRIDES.items():
         if var in env:
             section: dict[str, Any] = merged
@@ -212,12 +218,14 @@ def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
                     section[key] = {}
                 section = section[key]
             section[path[-1]] = env[var]
+            origins[path] = var
     for var, value in env.items():
         if var.startswith(KAFKA_ENV_PREFIX) and len(var) > len(KAFKA_ENV_PREFIX):
             prop = var[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")
             if not isinstance(merged.get("kafka"), dict):
                 merged["kafka"] = {}
             merged["kafka"][prop] = value
+            origins[("kafka", prop)] = var
     return merged
 
 
@@ -229,11 +237,13 @@ def parse_config(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([f"{source}: must be a mapping of settings, not {type(data).__name__}"])
-    data = apply_env(data, os.environ if env is None else env)
+    origins: dict[tuple[str, ...], str] = {}
+    data = apply_env(data, os.environ if env is None else env, origins)
     try:
         return GateConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError([f"{source}: {line}" for line in describe_errors(exc)]) from None
+        lines = describe_errors(exc, origins)
+        raise ConfigError([f"{source}: {line}" for line in lines]) from None
 
 
 def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> GateConfig:
@@ -255,18 +265,46 @@ def load_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> Ga
     return parse_config(data, source=str(path), env=env)
 
 
+def _known_settings(section: tuple[str, ...]) -> list[str]:
+    """The setting names allowed in a section of the file (for "did you mean")."""
+    model: type[BaseModel] = GateConfig
+    path = list(section)
+    if path[:1] == ["gates"] and len(path) == 2:
+        return list(GateSpec.model_fields)
+    for key in path:
+        field = model.model_fields.get(key)
+        annotation = getattr(field, "annotation", None)
+        nested = [a for a in (annotation, *getattr(annotation, "__args__", ())) if a]
+        found = next((a for a in nested if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if found is None:
+            return []
+        model = found
+    return list(model.model_fields)
+
+
 _MESSAGES = {
     "missing": "is required",
     "extra_forbidden": "is not a known setting",
 }
 
 
-def describe_errors(exc: ValidationError) -> list[str]:
+def describe_errors(
+    exc: ValidationError, origins: Mapping[tuple[str, ...], str] | None = None
+) -> list[str]:
     lines = []
     for error in exc.errors(include_url=False, include_input=False):
-        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        loc = tuple(str(part) for part in error["loc"])
+        where = ".".join(loc) or "(top level)"
+        for path, var in (origins or {}).items():
+            if loc[: len(path)] == path:
+                where += f" (from the environment variable {var})"
+                break
         kind = error["type"]
         message = _MESSAGES.get(kind)
+        if kind == "extra_forbidden":
+            close = difflib.get_close_matches(loc[-1], _known_settings(loc[:-1]), n=1)
+            if close:
+                message += f" (did you mean {'.'.join((*loc[:-1], close[0]))!r}?)"
         if message is None:
             message = error["msg"]
             if kind == "string_pattern_mismatch":

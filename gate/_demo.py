@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import sys
 import threading
 import time
@@ -26,14 +27,17 @@ from rich.table import Table
 from rich.text import Text
 
 from gate._config import parse_config
+from gate._kafkalog import KafkaLog
 from gate._local import LocalBroker, LocalRedis
 from gate._redis import watermarks_key
+from gate._report import verdict_json
 from gate._serve import ListenError, ServedGate
 from gate._service import GateService
 from gate._state import GateState
 
 TOPIC = "payments"
 PARTITIONS = 3
+LOG = KafkaLog("gate.demo.kafka")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,10 @@ class DemoOptions:
     redis_url: str | None = None
     use_redis: bool = True
     port: int = 8080
+    kafka_port: int = 9092
+    """The local broker's port when free (else any free port)."""
+    redis_port: int = 6379
+    """The local Redis's port when free (else any free port)."""
     duration: float = 0.0
     """Seconds to run; 0 runs until interrupted."""
     rate: float = 50.0
@@ -64,7 +72,7 @@ class PaymentsProducer(_Worker):
         self.produced = 0
 
     def run(self) -> None:
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0})
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "logger": LOG})
         interval = 1.0 / self.rate
         next_at = time.monotonic()
         while not self.stop_event.is_set():
@@ -111,6 +119,7 @@ class DependencyService(_Worker):
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
+                "logger": LOG,
             }
         )
         try:
@@ -145,12 +154,26 @@ class DependencyService(_Worker):
 
 
 def _ensure_topic(bootstrap: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    if TOPIC in admin.list_topics(timeout=10).topics:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": LOG})
+    try:
+        topics = admin.list_topics(timeout=10).topics
+    except KafkaException as exc:
+        raise DemoError(f"cannot reach the broker at {bootstrap}: {exc.args[0].str()}") from None
+    if TOPIC in topics:
         return
     for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
         with contextlib.suppress(KafkaException):
             future.result(10)
+
+
+def _port(wanted: int) -> int | None:
+    """``wanted`` when nothing listens there, else None (any free port)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", wanted))
+        except OSError:
+            return None
+    return wanted
 
 
 @contextlib.contextmanager
@@ -158,11 +181,15 @@ def _local_services(options: DemoOptions) -> Iterator[tuple[str, str | None]]:
     with contextlib.ExitStack() as stack:
         bootstrap = options.bootstrap
         if not bootstrap:
-            bootstrap = stack.enter_context(LocalBroker()).bootstrap
+            bootstrap = stack.enter_context(LocalBroker(_port(options.kafka_port))).bootstrap
         redis_url = options.redis_url if options.use_redis else None
         if options.use_redis and not redis_url:
-            redis_url = stack.enter_context(LocalRedis()).url
+            redis_url = stack.enter_context(LocalRedis(_port(options.redis_port))).url
         yield bootstrap, redis_url
+
+
+class DemoError(Exception):
+    """The demo cannot run; the message says why in one line."""
 
 
 def _table(
@@ -243,7 +270,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
         data = {
             "kafka": {"bootstrap.servers": bootstrap},
             "poll_interval_ms": 200,
-            "status": {"stall_after_ms": 3000, "lag_window_ms": 2000},
+            "status": {"stall_after_ms": 5000, "lag_window_ms": 5000, "lag_threshold_ms": 2000},
             "gates": {"service-a": {"topics": [TOPIC], "depends_on": ["service-b", "service-c"]}},
         }
         if redis_url:
@@ -265,6 +292,13 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
             service_a.start()
             for worker in workers:
                 worker.start()
+            exports = f"export KAFKA_BOOTSTRAP={bootstrap} GATE_URL={served.url}" + (
+                f" REDIS_URL={redis_url}" if redis_url else ""
+            )
+            console.print(
+                Text.assemble(("# for the docs' examples, in another terminal:\n", "dim"), exports),
+                soft_wrap=True,
+            )
             header = Text.assemble(
                 ("broker ", "dim"),
                 bootstrap,
@@ -292,7 +326,12 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                     style="dim",
                 )
                 latest = service.store.latest("service-a")
-                return Group(_table(latest, services, service_a.stats()), footer)
+                parts: list[Any] = [_table(latest, services, service_a.stats())]
+                if latest is not None and latest.verdict is not None:
+                    verdict = verdict_json(latest, time.time())
+                    style = "bold red" if verdict["state"] == "stuck" else "green"
+                    parts.append(Text(f"service-a: {verdict['text']}", style=style))
+                return Group(*parts, footer)
 
             try:
                 with Live(

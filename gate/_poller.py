@@ -24,7 +24,8 @@ from typing import Any
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from gate._pollproc import read_frame, write_frame
+from gate._frames import read_frame, write_frame
+from gate._kafkalog import KafkaLog
 from gate._state import PollResult
 from gate._watermark import Partition
 
@@ -46,7 +47,7 @@ class OffsetPoller:
         metadata_interval: float = 10.0,
         admin: AdminClient | None = None,
     ) -> None:
-        self._admin = admin or AdminClient(dict(properties), logger=logging.getLogger("gate.kafka"))
+        self._admin = admin or AdminClient(dict(properties), logger=KafkaLog("gate.kafka"))
         self._topics_by_group = {g: list(ts) for g, ts in topics_by_group.items()}
         self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
         self._timeout = request_timeout
@@ -196,7 +197,7 @@ class IsolatedPoller:
         metadata_interval: float = 10.0,
     ) -> None:
         # Invalid properties fail here, in the caller, with librdkafka's own message.
-        AdminClient(dict(properties), logger=logging.getLogger("gate.kafka"))
+        AdminClient(dict(properties), logger=KafkaLog("gate.kafka"))
         self._args = (
             dict(properties),
             {g: list(ts) for g, ts in topics_by_group.items()},
@@ -207,7 +208,7 @@ class IsolatedPoller:
         self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
         self._wait = 2 * request_timeout + 10.0
         self._process: Any = None
-        self._connection: Any = None
+        self._closing = False
         self.restarts = 0
 
     @property
@@ -226,9 +227,11 @@ class IsolatedPoller:
 
     def poll(self) -> PollResult:
         started_at = time.time()
-        if self._process is None:
+        if self._process is None and not self._closing:
             self._start()
         process = self._process
+        if process is None:
+            return self._crashed(started_at, EOFError("closed"))
         assert process.stdin is not None and process.stdout is not None
         try:
             write_frame(process.stdin, "poll")
@@ -246,13 +249,16 @@ class IsolatedPoller:
         process = self._process
         code = process.poll() if process is not None else None
         reason = f"exit code {code}" if code is not None else type(exc).__name__
-        log.error(
-            "the admin client's process ended (%s: librdkafka aborts when a coordinator "
-            "connection drops mid-request); starting a new one, the last snapshot stays",
-            reason,
-        )
-        self.close()
-        self.restarts += 1
+        if self._closing:
+            reason = "closed"
+        else:
+            log.error(
+                "the admin client's process ended (%s: librdkafka aborts when a coordinator "
+                "connection drops mid-request); starting a new one, the last snapshot stays",
+                reason,
+            )
+            self.restarts += 1
+        self._shut()
         return PollResult(
             started_at=started_at,
             finished_at=time.time(),
@@ -269,6 +275,11 @@ class IsolatedPoller:
         return None if self._process is None else self._process.pid
 
     def close(self) -> None:
+        """Stop the child for good (a poll in progress ends as a failed poll, quietly)."""
+        self._closing = True
+        self._shut()
+
+    def _shut(self) -> None:
         process, self._process = self._process, None
         if process is None:
             return

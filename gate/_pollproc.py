@@ -11,29 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import struct
 import sys
-from typing import IO, Any
 
-HEADER = struct.Struct(">I")
-
-
-def write_frame(stream: IO[bytes], value: Any) -> None:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(HEADER.pack(len(data)) + data)
-    stream.flush()
-
-
-def read_frame(stream: IO[bytes]) -> Any:
-    header = stream.read(HEADER.size)
-    if len(header) < HEADER.size:
-        raise EOFError("the other side closed the pipe")
-    (size,) = HEADER.unpack(header)
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError("the other side closed the pipe")
-    return pickle.loads(data)
+from gate._frames import read_frame, write_frame
 
 
 def main() -> None:

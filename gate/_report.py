@@ -8,6 +8,7 @@ built (clients never need their own clock); times are ISO 8601 in UTC.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -142,8 +143,9 @@ def verdict_json(state: GateState, now: float) -> dict[str, Any]:
         )
     else:
         since = verdict.stuck_since or now
+        clock = datetime.fromtimestamp(since, UTC).strftime("%H:%M:%S UTC")
         text = (
-            f"stuck since {format_time(since)} ({_duration(now - since)}) on "
+            f"stuck since {clock} ({_duration(now - since)}) on "
             f"{', '.join(verdict.stuck_on) or 'unknown groups'}: "
             f"{verdict.records_waiting:,} records waiting"
         )

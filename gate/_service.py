@@ -67,6 +67,7 @@ class GateService:
         self.last_success: float | None = None
         self.last_poll: PollResult | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._logged_errors: tuple[str, ...] = ()
 
     @property
@@ -123,6 +124,7 @@ class GateService:
             self.evaluators[gate].version_floor = version
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -144,6 +146,8 @@ class GateService:
     def _poll_and_evaluate(self) -> list[GateState]:
         assert self.poller is not None
         poll = self.poller.poll()
+        if self._stopping:
+            return []  # a poll the shutdown cut short
         self.last_poll = poll
         self.metrics.polls.inc()
         self.metrics.poll_duration.observe(poll.duration)

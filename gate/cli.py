@@ -7,6 +7,7 @@ usage. Errors are one readable line each, never a traceback.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -16,11 +17,40 @@ import typer
 from gate._config import ConfigError, GateConfig, load_config
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Kafka dependency gate: release records only after dependency groups committed past them.",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("kafka-gate")
+        except PackageNotFoundError:
+            found = "unknown (not installed)"
+        typer.echo(f"gate {found}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main_options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", help="Print the version and exit.", callback=_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    """Kafka dependency gate: release records only after dependency groups committed past them.
+
+    Exit codes: 0 success, 1 a problem found or the service failed, 2 invalid configuration or
+    usage."""
+
 
 ConfigOption = Annotated[
     Path,
@@ -76,6 +106,10 @@ def serve(config: ConfigOption, log_level: LogLevel = "info") -> None:
     server = make_server(service, log_level.lower())
     host, port = sock.getsockname()[:2]
     logging.getLogger("gate").info("serving %d gate(s) on http://%s:%d", len(cfg.gates), host, port)
+    # uvicorn shuts down gracefully on SIGTERM and SIGINT, then raises the signal again for
+    # the handlers it found: these make that a no-op, so a graceful stop exits with 0.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
     server.run(sockets=[sock])
     if not server.started:
         fail("the service did not start; see the log above")
@@ -130,6 +164,7 @@ def status(
 
     from gate._statusview import StatusClient, StatusError, render
 
+    _sigterm_as_ctrl_c()
     client = StatusClient(url, token)
     console = Console() if sys.stdout.isatty() else Console(width=200)
 
@@ -163,30 +198,49 @@ def demo(
         str | None, typer.Option(help="Use this Redis instead of starting a local one.")
     ] = None,
     no_redis: Annotated[bool, typer.Option("--no-redis", help="Publish over HTTP only.")] = False,
-    port: Annotated[int, typer.Option(help="HTTP port of the gate.")] = 8080,
+    port: Annotated[int, typer.Option(help="HTTP port of the gate (another if busy).")] = 8080,
+    kafka_port: Annotated[
+        int, typer.Option(help="Port of the local broker (another if busy).")
+    ] = 9092,
+    redis_port: Annotated[
+        int, typer.Option(help="Port of the local Redis (another if busy).")
+    ] = 6379,
     duration: Annotated[float, typer.Option(min=0, help="Seconds to run (0: until Ctrl-C).")] = 0.0,
     rate: Annotated[float, typer.Option(min=0.1, help="Records produced per second.")] = 50.0,
     live: Annotated[bool, typer.Option(help="Redraw the table continuously.")] = True,
 ) -> None:
     """Run the whole story locally: broker, Redis, dependency services and the gate."""
-    from gate._demo import DemoOptions, run_demo
+    from gate._demo import DemoError, DemoOptions, run_demo
     from gate._local import LocalServiceError
 
+    _sigterm_as_ctrl_c()
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     options = DemoOptions(
         bootstrap=bootstrap,
         redis_url=redis_url,
         use_redis=not no_redis,
         port=port,
+        kafka_port=kafka_port,
+        redis_port=redis_port,
         duration=duration,
         rate=rate,
         live=live,
     )
     try:
         code = run_demo(options)
-    except LocalServiceError as exc:
+    except (LocalServiceError, DemoError) as exc:
         fail(str(exc))
     raise typer.Exit(code)
+
+
+def _graceful(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a command as Ctrl-C does: gracefully
+
+
+def _sigterm_as_ctrl_c() -> None:
+    """SIGTERM stops this command as Ctrl-C does, gracefully (``serve`` leaves both to
+    uvicorn, which shuts down gracefully too)."""
+    signal.signal(signal.SIGTERM, _graceful)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from gate._kafkalog import KafkaLog
 from sdk._commits import Committer
 from sdk._core import WorkCore
 from sdk._dead_letters import DeadLetters
@@ -143,10 +144,15 @@ class ParallelConsumer(ConsumerLoop):
     # ---- public API ---------------------------------------------------------------------
 
     def run(self) -> None:
-        """Consume until :meth:`stop` is called (from another thread or a signal handler)."""
+        """Consume until :meth:`stop` is called (from another thread or a signal handler).
+
+        Run from the main thread with Python's default Ctrl-C handling, the first Ctrl-C
+        stops gracefully (records in flight finish and are committed) and ``run`` returns;
+        a second one stops at once."""
         if self._started.is_set():
             raise RuntimeError("this consumer has already run")
         self._started.set()
+        restore = self._stop_on_ctrl_c()
         try:
             self._open()
             self._loop()
@@ -156,6 +162,28 @@ class ParallelConsumer(ConsumerLoop):
         finally:
             self._close()
             self._finished.set()
+            if restore is not None:
+                signal.signal(signal.SIGINT, restore)
+
+    def _stop_on_ctrl_c(self) -> Any:
+        """Turn Ctrl-C into a graceful stop while running, unless someone else handles it."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return None  # stop_on_signals, or the application's own handler
+        interrupts = 0
+
+        def interrupted(signum: int, frame: FrameType | None) -> None:
+            nonlocal interrupts
+            interrupts += 1
+            log.info(
+                "interrupted: stopping %s",
+                "gracefully (Ctrl-C again to stop at once)" if interrupts == 1 else "at once",
+            )
+            self.stop(drain=interrupts == 1, wait=False)
+
+        signal.signal(signal.SIGINT, interrupted)
+        return signal.default_int_handler
 
     def start(self) -> ParallelConsumer:
         """Run in a background thread; returns at once."""
@@ -221,7 +249,7 @@ class ParallelConsumer(ConsumerLoop):
 
     def _new_producer(self) -> Producer:
         config = {k: v for k, v in self.config.items() if k not in CONSUMER_ONLY}
-        config.setdefault("logger", logging.getLogger("sdk.kafka.dlt"))
+        config.setdefault("logger", KafkaLog("sdk.kafka.dlt"))
         return Producer(config)
 
     def _new_runner(self, work: Work) -> Runner:
@@ -239,7 +267,7 @@ class ParallelConsumer(ConsumerLoop):
     def _open(self) -> None:
         config = dict(self.config)
         config["on_commit"] = self._committer.on_commit
-        config.setdefault("logger", logging.getLogger("sdk.kafka"))
+        config.setdefault("logger", KafkaLog("sdk.kafka"))
         try:
             self._consumer = self._new_consumer(config)
         except KafkaException as exc:

@@ -22,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from gate._kafkalog import KafkaLog
 from sdk._offsets import OffsetMapError, Ranges, parse_base, read_offset_map
 from sdk._options import CONSUMER_ONLY, Options
 from sdk._partition import TP
@@ -181,7 +182,7 @@ def choose_store(
         )
         log.info("the broker drops commit metadata: offset maps are kept in Redis")
         return OffsetMaps("redis", group, client)
-    log.info("the broker drops commit metadata and no Redis is configured: plain replay")
+    log.info("commit metadata is not kept and no Redis is configured: plain replay")
     return OffsetMaps("none", group)
 
 
@@ -194,9 +195,19 @@ def broker_keeps_metadata(
     """Commit a marker with metadata under a throw-away group and read it back."""
     probe_group = f"{group}.offset-map-probe"
     probe_config = {k: v for k, v in config.items() if k not in ("on_commit", "logger")}
-    probe_config.update({"group.id": probe_group, "logger": logging.getLogger("sdk.kafka.probe")})
+    probe_config.update({"group.id": probe_group, "logger": KafkaLog("sdk.kafka.probe")})
     probe = new_consumer(probe_config)
     try:
+        try:
+            probe.list_topics(topic, timeout=5)
+        except KafkaException as exc:
+            log.warning(
+                "Kafka at %s did not answer within 5 s (%s): offset maps are off for this run "
+                "(after a restart, records completed out of order are processed again)",
+                config.get("bootstrap.servers"),
+                exc.args[0].str() if exc.args else exc,
+            )
+            return False
         tp = TopicPartition(topic, 0, 0, metadata="offset-map-probe")
         probe.commit(offsets=[tp], asynchronous=False)
         found = probe.committed([TopicPartition(topic, 0)], timeout=10)

@@ -184,6 +184,14 @@ class HttpSource(_ThreadSource):
         timeout: float = 5.0,
     ) -> None:
         super().__init__()
+        import httpx
+
+        try:
+            url = httpx.URL(base_url)
+        except (httpx.InvalidURL, TypeError) as exc:
+            raise GateError(f"http source: {base_url!r} is not a URL ({exc})") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise GateError(f"http source: {base_url!r} must be an http:// or https:// URL")
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.poll_interval = poll_interval

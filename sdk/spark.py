@@ -71,10 +71,12 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from gate._kafkalog import KafkaLog
 from gate._watermark import Snapshot
 from sdk._options import CONSUMER_ONLY
 
 log = logging.getLogger("sdk.spark")
+LOG = KafkaLog("sdk.spark.kafka")
 
 NAME = "gated-kafka"
 SCHEMA = (
@@ -221,11 +223,17 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _admin_client(self) -> AdminClient:
         if self._admin is None:
-            self._admin = AdminClient(self.settings.client_config())
+            self._admin = AdminClient({**self.settings.client_config(), "logger": LOG})
         return self._admin
 
     def _partitions(self) -> dict[str, int]:
-        metadata = self._admin_client().list_topics(timeout=10)
+        try:
+            metadata = self._admin_client().list_topics(timeout=10)
+        except KafkaException as exc:
+            servers = self.settings.kafka.get("bootstrap.servers")
+            raise RuntimeError(
+                f"{NAME}: cannot reach Kafka at {servers}: {exc.args[0].str()}"
+            ) from None
         counts = {}
         for topic in self.settings.topics:
             found = metadata.topics.get(topic)
@@ -392,7 +400,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 "auto.offset.reset": "error",
             }
         )
-        consumer = Consumer(config)
+        consumer = Consumer({**config, "logger": LOG})
         try:
             task = self._readable(consumer, partition)
             if task.start < task.end:
@@ -555,7 +563,9 @@ class ProgressCommitter(StreamingQueryListener):
 
     def _open(self) -> Consumer:
         try:
-            return Consumer({**self.kafka, "group.id": self.group, "enable.auto.commit": False})
+            return Consumer(
+                {**self.kafka, "group.id": self.group, "enable.auto.commit": False, "logger": LOG}
+            )
         except (KafkaException, TypeError, ValueError) as exc:
             raise ValueError(f"ProgressCommitter: invalid Kafka configuration: {exc}") from None
 

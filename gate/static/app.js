@@ -117,7 +117,10 @@ async function follow(gate) {
           if (event !== "status") return;
           const first = !state.status;
           render(JSON.parse(data));
-          if (first) refreshHistory();
+          if (first) {
+            refreshHistory();
+            refreshService();  // the header too, now that the gate has polled
+          }
         });
       }
     } catch (error) {

@@ -78,6 +78,18 @@ def scenario(kafka: Kafka) -> Iterator[tuple[ServedGate, str, str, str]]:
         yield gate, topic, b, c
 
 
+def wait_for_charts(page) -> None:  # type: ignore[no-untyped-def]
+    """Until every chart draws a line of several points."""
+    page.wait_for_function(
+        """() => {
+            const lines = [...document.querySelectorAll('#charts .chart svg polyline')];
+            return lines.length >= 3
+                && lines.every(l => l.getAttribute('points').split(' ').length >= 5);
+        }""",
+        timeout=30_000,
+    )
+
+
 def cell(page, topic: str, partition: int, selector: str) -> str:  # type: ignore[no-untyped-def]
     return page.locator(
         f'#partitions tr[data-topic="{topic}"][data-partition="{partition}"] {selector}'
@@ -120,9 +132,7 @@ def test_the_page_shows_what_the_api_says_and_follows_it_live(
     assert "version" in page.locator("#card-version").inner_text()
 
     # Charts of the last minutes: the release rate and each group's lag.
-    page.wait_for_function(
-        "document.querySelectorAll('#charts .chart svg polyline').length >= 3", timeout=15_000
-    )
+    wait_for_charts(page)
     titles = page.locator("#charts .chart .title").all_inner_texts()
     assert any(t.startswith(c) for t in titles) and any(t.startswith(b) for t in titles)
 
@@ -174,9 +184,7 @@ def test_a_stuck_gate_is_an_alarm_naming_the_group(browser, kafka: Kafka) -> Non
         assert page.locator("#card-wait-label").inner_text() == "stuck for"
         status = page.locator(f'#groups tr[data-group="{c}"] .status').inner_text()
         assert status == "STALLED"
-        page.wait_for_function(
-            "document.querySelectorAll('#charts .chart svg polyline').length >= 3", timeout=15_000
-        )
+        wait_for_charts(page)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "status-page-stuck.png"), full_page=True)
 
@@ -187,9 +195,7 @@ def test_the_page_fits_a_phone(browser, scenario) -> None:  # type: ignore[no-un
     page.set_viewport_size({"width": 420, "height": 900})
     page.goto(gate.url + "/")
     page.wait_for_selector("#partitions tbody tr")
-    page.wait_for_function(
-        "document.querySelectorAll('#charts .chart svg polyline').length >= 3", timeout=15_000
-    )
+    wait_for_charts(page)
     # No sideways scroll of the page; wide tables scroll inside their own box.
     assert page.evaluate("document.documentElement.scrollWidth") <= 420
     wide = page.evaluate(

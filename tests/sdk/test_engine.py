@@ -727,3 +727,23 @@ def test_offset_maps_go_in_the_commit_metadata_where_the_broker_keeps_it(kafka: 
         engine.stop()
     replayed = sorted(c.offset for c in second.calls)
     assert replayed == ([2] if kafka.broker.keeps_metadata else list(range(2, 30)))
+
+
+def test_an_unreachable_broker_is_a_line_not_a_flood(caplog: pytest.LogCaptureFixture) -> None:
+    from gate._local import free_port
+
+    caplog.set_level("INFO")
+    engine = ParallelConsumer(
+        {"bootstrap.servers": f"127.0.0.1:{free_port()}", "group.id": unique("nowhere")},
+        ["t"],
+        print,
+        registry=None,
+    ).start()
+    try:
+        time.sleep(8)
+    finally:
+        engine.stop(timeout=5)
+    kafka_lines = [r.getMessage() for r in caplog.records if r.name.startswith("sdk.kafka")]
+    assert 1 <= len(kafka_lines) <= 4, kafka_lines
+    assert "unreachable: connection refused" in kafka_lines[0]
+    assert len(caplog.records) <= 12, [r.getMessage() for r in caplog.records]

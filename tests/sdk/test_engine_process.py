@@ -213,3 +213,62 @@ def test_rebalance_between_two_engines_mid_stream(kafka: Kafka) -> None:
     assert duplicates <= 4 * 8 * 2, (
         f"{duplicates} duplicates: more than was in flight around the rebalance"
     )
+
+
+def test_ctrl_c_in_run_drains_gracefully_without_a_traceback(kafka: Kafka, tmp_path: Path) -> None:
+    """``consumer.run()`` in a plain script: the first Ctrl-C (SIGINT) lets records in flight
+    finish, commits them and returns; the script ends with exit code 0."""
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 50}, key=lambda p, i: f"k{i}".encode())
+    group, out = unique("ctrl-c"), tmp_path / "events.log"
+    script = tmp_path / "service.py"
+    script.write_text(
+        f"""
+import time
+from sdk import Options, ParallelConsumer
+
+out = open({str(out)!r}, "a", buffering=1)
+
+def handle(record):
+    out.write(f"started {{record.offset}}\\n")
+    time.sleep(0.3)
+    out.write(f"finished {{record.offset}}\\n")
+
+consumer = ParallelConsumer(
+    {{"bootstrap.servers": {kafka.bootstrap!r}, "group.id": {group!r},
+     "auto.offset.reset": "earliest", "session.timeout.ms": 6000}},
+    [{topic!r}],
+    handle,
+    Options(max_concurrency=4),
+)
+consumer.run()
+out.write("returned\\n")
+"""
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        wait_until(
+            lambda: out.exists() and out.read_text().count("started") >= 4,
+            timeout=60,
+            what="records in flight",
+        )
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = out.read_text()
+    assert process.returncode == 0, stderr.decode()
+    assert b"Traceback" not in stderr
+    assert text.rstrip().endswith("returned")
+    started = {line.split()[1] for line in text.splitlines() if line.startswith("started")}
+    finished = {line.split()[1] for line in text.splitlines() if line.startswith("finished")}
+    assert started == finished, "a started record did not finish before run() returned"
+    committed = kafka.committed(group, topic, 1).get(0)
+    assert committed == len(finished), (committed, len(finished))

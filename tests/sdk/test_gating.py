@@ -364,3 +364,7 @@ def test_embedded_source_passes_callables_through_and_fails_fast_on_bad_config(
 def test_malformed_sources_fail_when_built() -> None:
     with pytest.raises(GateError, match="redis"):
         RedisSource("http://localhost:6379")
+    with pytest.raises(GateError, match="http:// or https://"):
+        HttpSource("localhost:8080")
+    with pytest.raises(GateError, match="http source"):
+        HttpSource("http://[::1")
