@@ -66,24 +66,25 @@ def check_static(config: GateConfig) -> list[Problem]:
 
 
 def check_live(config: GateConfig, *, timeout: float = 5.0) -> list[Problem]:
-    """Topics exist; dependency groups have committed on the gated topics."""
+    """Redis answers; topics exist; dependency groups have committed on the gated topics."""
+    problems: list[Problem] = check_redis(config, timeout)
     try:
         admin = AdminClient(config.kafka_properties(), logger=_QUIET)
     except KafkaException as exc:
-        return [Problem("error", "kafka", describe_kafka_error(exc))]
+        return [*problems, Problem("error", "kafka", describe_kafka_error(exc))]
     servers = config.kafka.get("bootstrap.servers")
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         return [
+            *problems,
             Problem(
                 "error",
                 "kafka",
                 f"cannot reach bootstrap servers {servers} within {timeout:.0f}s "
                 f"({describe_kafka_error(exc)})",
-            )
+            ),
         ]
-    problems: list[Problem] = check_redis(config, timeout)
     counts: dict[str, int] = {}
     for name, spec in config.gates.items():
         for topic in spec.topics:

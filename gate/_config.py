@@ -78,8 +78,15 @@ class RedisSettings(_Strict):
     @field_validator("url")
     @classmethod
     def _scheme(cls, url: SecretStr) -> SecretStr:
-        if not url.get_secret_value().startswith(("redis://", "rediss://", "unix://")):
+        text = url.get_secret_value()
+        if not text.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis://, rediss:// or unix://")
+        from redis.connection import parse_url
+
+        try:
+            parse_url(text)
+        except ValueError as exc:
+            raise ValueError(f"not a valid Redis URL: {exc}") from None
         return url
 
 

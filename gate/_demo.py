@@ -327,7 +327,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                 )
                 latest = service.store.latest("service-a")
                 parts: list[Any] = [_table(latest, services, service_a.stats())]
-                if latest is not None and latest.verdict is not None:
+                if latest is not None:
                     verdict = verdict_json(latest, time.time())
                     style = "bold red" if verdict["state"] == "stuck" else "green"
                     parts.append(Text(f"service-a: {verdict['text']}", style=style))

@@ -1,6 +1,7 @@
 """A bounded in-memory history of each gate, for the status page's charts.
 
-One point every ``step`` seconds (the last state seen in that step), ``span`` seconds kept:
+One point every ``step`` seconds (the last state seen in that step); points older than
+``span`` seconds are dropped (and never more than ``span / step`` are kept):
 per dependency group its lag in records (over all partitions) and in seconds (the oldest
 record it has not processed, over all partitions), and for the gate the sum of its
 watermarks (its rise is the release rate), the records held back, and the records released
@@ -26,10 +27,13 @@ class GateHistory:
         at = state.snapshot.polled_at
         slot = at - at % self.step
         point = point_of(state, slot)
-        if self.points and self.points[-1]["t"] == slot:
-            self.points[-1] = point
+        points = self.points
+        if points and points[-1]["t"] == slot:
+            points[-1] = point
         else:
-            self.points.append(point)
+            points.append(point)
+        while points and points[0]["t"] < slot - self.span:
+            points.popleft()
 
     def to_json(self) -> dict[str, Any]:
         return {"step_s": self.step, "span_s": self.span, "points": list(self.points)}
@@ -50,7 +54,7 @@ def point_of(state: GateState, slot: float) -> dict[str, Any]:
     return {
         "t": slot,
         "released": released,
-        "waiting": verdict.records_waiting if verdict else None,
-        "unprocessed": verdict.released_unprocessed if verdict else None,
+        "waiting": verdict.records_waiting,
+        "unprocessed": verdict.released_unprocessed,
         "groups": groups,
     }

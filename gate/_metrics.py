@@ -172,11 +172,10 @@ class _StateCollector(Collector):
                     if position.moved_at is not None:
                         unmoved.add_metric(labels, max(0.0, now - position.moved_at))
             verdict = state.verdict
-            if verdict is not None:
-                waiting.add_metric([name], verdict.records_waiting)
-                stuck.add_metric([name], int(verdict.state == "stuck"))
-                if state.dependent:
-                    unprocessed.add_metric([name, state.dependent], verdict.released_unprocessed)
+            waiting.add_metric([name], verdict.records_waiting)
+            stuck.add_metric([name], int(verdict.state == "stuck"))
+            if state.dependent:
+                unprocessed.add_metric([name, state.dependent], verdict.released_unprocessed)
             held.add_metric([name], unreleased)
             for group, status in state.groups.items():
                 for candidate in SEVERITY:
@@ -191,9 +190,10 @@ class _StateCollector(Collector):
 
         last_ok = GaugeMetricFamily(
             "gate_last_successful_poll_age_seconds",
-            "Seconds since the last poll that produced snapshots (-1 before the first).",
+            "Seconds since the last poll that produced snapshots (absent before the first).",
         )
-        last_ok.add_metric([], -1 if service.last_success is None else now - service.last_success)
+        if service.last_success is not None:
+            last_ok.add_metric([], now - service.last_success)
         yield last_ok
         publisher = service.redis
         if publisher is not None:

@@ -155,10 +155,15 @@ class RedisPublisher:
     async def stored_versions(self, gates: Iterable[str]) -> dict[str, int]:
         """Versions already in Redis (so a restarted gate continues above them)."""
         versions: dict[str, int] = {}
-        for gate in gates:
-            raw = await self._client.hget(watermarks_key(self.prefix, gate), "version")
-            if raw is not None and raw.isdigit():
-                versions[gate] = int(raw)
+        try:
+            for gate in gates:
+                raw = await self._client.hget(watermarks_key(self.prefix, gate), "version")
+                if raw is not None and raw.isdigit():
+                    versions[gate] = int(raw)
+        except (RedisError, OSError) as exc:
+            self.healthy, self.last_error = False, str(exc)
+            raise
+        self.healthy, self.last_error = True, None
         return versions
 
     async def write(self, state: GateState) -> bool:

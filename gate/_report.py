@@ -20,15 +20,18 @@ from gate._watermark import format_time
 class VerdictBody(BaseModel):
     state: Literal["released", "flowing", "stuck"] = Field(
         description="released: nothing waits; flowing: records wait but the watermarks move "
-        "(healthy); stuck: records wait at a watermark that has not moved for stall_after "
-        "(an alarm)."
+        "(healthy); stuck: records have waited for stall_after at a watermark that has not "
+        "moved for as long (an alarm)."
     )
     text: str = Field(description="The verdict in one line, as the status page shows it.")
     records_waiting: int = Field(description="Records held back, over all partitions.")
     released_within_s: float | None = Field(
         description="Flowing: the age of the oldest record held back."
     )
-    stuck_since: str | None = Field(description="Stuck: when the watermark last moved.")
+    stuck_since: str | None = Field(
+        description="Stuck: since when records have waited with the watermark still (the "
+        "later of its last move and the oldest waiting record's arrival)."
+    )
     stuck_for_s: float | None = Field(description="Stuck: seconds since then.")
     stuck_on: list[str] = Field(description="Stuck: the groups holding those partitions.")
     released_unprocessed: int = Field(
@@ -48,7 +51,10 @@ class GroupSummary(BaseModel):
     lag_s: float | None = Field(
         description="Age of the oldest record it has not processed (null: unknown)."
     )
-    lag_s_exact: bool = Field(description="False when lag_s is a lower bound.")
+    lag_s_exact: bool = Field(
+        description="False when lag_s is coarse: a lower bound (the record is older than the "
+        "gate's history) or from samples far apart for its age."
+    )
     unmoved_s: float | None = Field(
         description="Seconds since its committed offset last moved on a partition where it "
         "has lag (null: it has lag nowhere)."
@@ -109,14 +115,17 @@ class GateStatus(GateSummary):
     partitions: list[PartitionBody]
 
 
+class GroupHistory(BaseModel):
+    lag: int = Field(description="Records behind the end, over all partitions.")
+    lag_s: float | None = Field(description="Age of the oldest record it has not processed.")
+
+
 class HistoryPoint(BaseModel):
     t: float = Field(description="Start of the step, seconds since the epoch.")
     released: int = Field(description="Sum of the watermarks (its rise: records released).")
-    waiting: int | None
-    unprocessed: int | None
-    groups: dict[str, dict[str, Any]] = Field(
-        description="Per group: lag (records) and lag_s (seconds, the oldest unprocessed)."
-    )
+    waiting: int = Field(description="Records held back.")
+    unprocessed: int = Field(description="Records released to the dependent, not processed.")
+    groups: dict[str, GroupHistory] = Field(description="Each dependency group.")
 
 
 class GateHistoryBody(BaseModel):
@@ -133,26 +142,25 @@ def _age(at: float | None, now: float) -> float | None:
 
 def verdict_json(state: GateState, now: float) -> dict[str, Any]:
     verdict = state.verdict
-    assert verdict is not None
     if verdict.state == "released":
         text = "every record is released"
     elif verdict.state == "flowing":
         within = verdict.released_within
-        text = f"flowing: {verdict.records_waiting:,} records in transit" + (
+        text = f"flowing: {_records(verdict.records_waiting)} in transit" + (
             f", released within {_duration(within)}" if within is not None else ""
         )
     else:
-        since = verdict.stuck_since or now
+        since = now if verdict.stuck_since is None else verdict.stuck_since
         clock = datetime.fromtimestamp(since, UTC).strftime("%H:%M:%S UTC")
         text = (
             f"stuck since {clock} ({_duration(now - since)}) on "
             f"{', '.join(verdict.stuck_on) or 'unknown groups'}: "
-            f"{verdict.records_waiting:,} records waiting"
+            f"{_records(verdict.records_waiting)} waiting"
         )
     if verdict.bottleneck == "dependent" and state.dependent:
         text += (
-            f"; {state.dependent} itself has {verdict.released_unprocessed:,} released "
-            "records to process"
+            f"; {state.dependent} itself has {_records(verdict.released_unprocessed, 'released ')}"
+            " to process"
         )
     return {
         "state": verdict.state,
@@ -167,6 +175,10 @@ def verdict_json(state: GateState, now: float) -> dict[str, Any]:
         "released_unprocessed": verdict.released_unprocessed,
         "bottleneck": verdict.bottleneck,
     }
+
+
+def _records(count: int, kind: str = "") -> str:
+    return f"{count:,} {kind}record{'' if count == 1 else 's'}"
 
 
 def _duration(seconds: float) -> str:

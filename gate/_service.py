@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -69,6 +70,13 @@ class GateService:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._logged_errors: tuple[str, ...] = ()
+        self._logged_dependent_errors: tuple[str, ...] = ()
+        dependencies = {g for spec in config.gates.values() for g in spec.depends_on}
+        # Dependents' own groups that no gate depends on: read for their progress only, so a
+        # failure to read them (e.g. an ACL covering just the dependencies) is no poll error.
+        self.dependent_only = {
+            spec.group or name for name, spec in config.gates.items()
+        } - dependencies
 
     @property
     def poll_interval(self) -> float:
@@ -118,7 +126,12 @@ class GateService:
         try:
             stored = await asyncio.wait_for(self.redis.stored_versions(self.config.gates), 3.0)
         except Exception as exc:  # Redis down at start: versions are time-based anyway
-            log.warning("redis unreachable at start (%s); publishing when it returns", exc)
+            if isinstance(exc, TimeoutError):
+                self.redis.healthy, self.redis.last_error = False, "no answer within 3 s"
+            log.warning(
+                "redis unreachable at start (%s); publishing when it returns",
+                self.redis.last_error or exc,
+            )
             return
         for gate, version in stored.items():
             self.evaluators[gate].version_floor = version
@@ -148,6 +161,7 @@ class GateService:
         poll = self.poller.poll()
         if self._stopping:
             return []  # a poll the shutdown cut short
+        poll = self._set_dependent_errors_apart(poll)
         self.last_poll = poll
         self.metrics.polls.inc()
         self.metrics.poll_duration.observe(poll.duration)
@@ -202,6 +216,24 @@ class GateService:
                 lost.partition,
                 lost.last,
             )
+
+    def _set_dependent_errors_apart(self, poll: PollResult) -> PollResult:
+        """Failures to read only a dependent's own group are logged (once per change), not
+        counted as poll errors: its progress is then the last known."""
+        failed = poll.failed_groups & self.dependent_only
+        prefixes = tuple(f"group {group}:" for group in failed)
+        apart = tuple(e for e in poll.errors if prefixes and e.startswith(prefixes))
+        if apart != self._logged_dependent_errors:
+            if apart:
+                log.warning(
+                    "cannot read the dependent's own group (%s); its progress shows the last "
+                    "offsets read",
+                    "; ".join(apart),
+                )
+            self._logged_dependent_errors = apart
+        if not apart:
+            return poll
+        return dataclasses.replace(poll, errors=tuple(e for e in poll.errors if e not in apart))
 
     def _report_errors(self, poll: PollResult, skipped: list[str]) -> None:
         for error in poll.errors:

@@ -75,7 +75,8 @@ class GroupPosition(NamedTuple):
     lag_seconds: float | None = None
     """Age of the oldest record the group has not processed (None: no commit or no end)."""
     lag_exact: bool = True
-    """False when the record is older than the gate's history: a lower bound."""
+    """False when coarse: the record is older than the gate's history (a lower bound), or
+    the samples around it are far apart for its age."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,13 +174,17 @@ class Verdict:
     released_within: float | None
     """Flowing: the age of the oldest record held back (how long records wait)."""
     stuck_since: float | None
-    """Stuck: when the watermark of the longest-stuck partition last moved."""
+    """Stuck: since when records have waited on the longest-stuck partition with its
+    watermark still (the later of its last move and the oldest waiting record's arrival)."""
     stuck_on: tuple[str, ...]
     """Stuck: the groups holding the stuck partitions."""
     released_unprocessed: int
     """Records released to the dependent that it has not committed yet."""
     bottleneck: Literal["dependencies", "dependent"] | None
     """Who the records wait for: the dependencies (held back) or the dependent itself."""
+
+
+RELEASED = Verdict("released", 0, None, None, (), 0, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +199,7 @@ class GateState:
     lost: tuple[LostOffset, ...] = ()
     resets: tuple[LogReset, ...] = ()
     poll_duration: float = 0.0
-    verdict: Verdict | None = None
+    verdict: Verdict = RELEASED
     dependent: str | None = None
     """The dependent's own consumer group, when the gate follows it."""
 

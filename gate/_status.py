@@ -22,6 +22,7 @@ bottleneck (records released to it that it has not processed yet).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -80,8 +81,8 @@ class _Track:
         "last_lag",
         "moved_at",
         "rewound_at",
-        "rising_from",
         "rising_since",
+        "samples",
     )
 
     def __init__(self, committed: int, now: float) -> None:
@@ -91,23 +92,30 @@ class _Track:
         self.rewound_at: float | None = None
         self.last_lag: int | None = None
         self.rising_since = now  # since when the lag has not fallen
-        self.rising_from: int | None = None  # the lag then
+        # (time, lag) since then, about one per eighth of the window: the first one is the
+        # latest at or before the window's start.
+        self.samples: deque[tuple[float, int]] = deque()
 
-    def observe_lag(self, lag: int | None, now: float) -> None:
+    def observe_lag(self, lag: int | None, now: float, window: float) -> None:
         if lag is None:
             return
+        samples = self.samples
         if self.last_lag is None or lag < self.last_lag:
-            self.rising_since, self.rising_from = now, lag
+            self.rising_since = now
+            samples.clear()
         self.last_lag = lag
+        if not samples or now - samples[-1][0] >= window / 8:
+            samples.append((now, lag))
+        while len(samples) > 1 and samples[1][0] <= now - window:
+            samples.popleft()
 
     def growing(self, now: float, window: float) -> bool:
-        """The lag has not fallen once across the whole window, and grew over it."""
-        return (
-            now - self.rising_since >= window
-            and self.rising_from is not None
-            and self.last_lag is not None
-            and self.last_lag > self.rising_from
-        )
+        """The lag has not fallen once across the whole window, and is higher now than at
+        the window's start."""
+        if now - self.rising_since < window or not self.samples or self.last_lag is None:
+            return False
+        since, lag = self.samples[0]
+        return since <= now - window and self.last_lag > lag
 
 
 @dataclass
@@ -125,6 +133,7 @@ class GateEvaluator:
     _tracks: dict[tuple[str, Partition], _Track] = field(default_factory=dict, repr=False)
     _ends: dict[Partition, EndHistory] = field(default_factory=dict, repr=False)
     _marks: dict[Partition, tuple[int | None, float]] = field(default_factory=dict, repr=False)
+    _dependent: Mapping[Partition, int] = field(default_factory=dict, repr=False)
     _last: GateState | None = field(default=None, repr=False)
 
     @property
@@ -210,13 +219,18 @@ class GateEvaluator:
                         track.highest = committed
                     track.committed = committed
                     track.moved_at = now
-                track.observe_lag(lag, now)
+                track.observe_lag(lag, now, lag_window)
                 history = histories.get(tp)
                 seconds, exact = (None, True)
                 if lag is not None and history is not None:
                     seconds, exact = history.lag(committed, now) if lag else (0.0, True)
-                # Status, most severe first (see SEVERITY).
-                if lag and now - track.moved_at >= stall_after:
+                # Status, most severe first (see SEVERITY). Stalled: it has had lag, and
+                # not committed, for stall_after (lag that just appeared on an idle
+                # partition is not a stall, however long ago the group last committed).
+                stalled_for = now - track.moved_at
+                if seconds is not None:
+                    stalled_for = min(stalled_for, seconds)
+                if lag and stalled_for >= stall_after:
                     status = STALLED
                 elif track.rewound_at is not None and now - track.rewound_at < rewind_window:
                     status = REWOUND
@@ -241,7 +255,9 @@ class GateEvaluator:
             overall[group] = SEVERITY[worst_rank]
 
         watermarks = compute_watermarks(partitions, effective)
-        dependent = poll.committed.get(self.dependent, {}) if self.dependent else {}
+        if self.dependent and self.dependent not in poll.failed_groups:
+            self._dependent = poll.committed.get(self.dependent, {})
+        dependent = self._dependent  # the last known when reading it failed this time
         states: dict[Partition, PartitionState] = {}
         for tp in partitions:
             watermark = watermarks[tp]
@@ -250,7 +266,7 @@ class GateEvaluator:
             if mark is None or mark[0] != watermark:
                 mark = self._marks[tp] = (watermark, now)
             # Groups at the watermark hold the partition back only while records wait there.
-            caught_up = watermark is not None and end is not None and watermark >= end
+            caught_up = end is not None and (watermark or 0) >= end
             holding = tuple(
                 group
                 for group in self.groups
@@ -301,26 +317,27 @@ class GateEvaluator:
 
 
 def judge(partitions: Iterable[PartitionState], now: float, stall_after: float) -> Verdict:
-    """Released, flowing or stuck: a partition is stuck when records wait there and its
-    watermark has not moved for ``stall_after`` seconds."""
+    """Released, flowing or stuck: a partition is stuck when records have waited there for
+    ``stall_after`` seconds and its watermark has not moved for as long (records that just
+    arrived on an idle partition are not stuck, however long ago the watermark last moved)."""
     waiting = 0
-    within = 0.0
+    within: float | None = None
     stuck_since: float | None = None
     stuck_on: dict[str, None] = {}
     unprocessed = 0
     for part in partitions:
         unprocessed += part.released_unprocessed
         count = part.waiting
-        if count is None:
-            count = 1 if part.watermark is None else 0  # unknown end: held if nothing released
         if not count:
             continue
         waiting += count
-        if part.waiting_seconds is not None:
-            within = max(within, part.waiting_seconds)
-        moved = part.watermark_moved_at
-        if moved is not None and now - moved >= stall_after:
-            stuck_since = moved if stuck_since is None else min(stuck_since, moved)
+        since = part.watermark_moved_at
+        age = part.waiting_seconds
+        if age is not None:
+            within = age if within is None else max(within, age)
+            since = now - age if since is None else max(since, now - age)
+        if since is not None and now - since >= stall_after:
+            stuck_since = since if stuck_since is None else min(stuck_since, since)
             stuck_on.update(dict.fromkeys(part.holding))
     if stuck_since is not None:
         state: Literal["released", "flowing", "stuck"] = "stuck"

@@ -56,6 +56,18 @@ class StatusClient:
         details = [self.get(f"/status/{name}") for name in names if service["gates"].get(name)]
         return service, details
 
+    def view(self, gate: str | None, limit: int) -> Group:
+        """The rendered status; an answer of another shape (a gate of another version) is
+        a :class:`StatusError`, not a traceback."""
+        try:
+            service, details = self.collect(gate)
+            return render(service, details, limit)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise StatusError(
+                f"the gate at {self.url} answered in a shape this gate status does not know "
+                f"(missing {exc}): is it another version of the gate?"
+            ) from None
+
 
 def _num(value: int | None) -> str:
     return "–" if value is None else f"{value:,}"

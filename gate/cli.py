@@ -159,18 +159,17 @@ def status(
     """Show why services wait: per gate, the groups holding partitions back and by how much."""
     import time
 
-    from rich.console import Console
+    from rich.console import Console, RenderableType
     from rich.live import Live
 
-    from gate._statusview import StatusClient, StatusError, render
+    from gate._statusview import StatusClient, StatusError
 
     _sigterm_as_ctrl_c()
     client = StatusClient(url, token)
     console = Console() if sys.stdout.isatty() else Console(width=200)
 
-    def view():  # type: ignore[no-untyped-def]
-        service, details = client.collect(gate)
-        return render(service, details, limit)
+    def view() -> RenderableType:
+        return client.view(gate, limit)
 
     try:
         if not watch:
@@ -244,10 +243,11 @@ def _sigterm_as_ctrl_c() -> None:
 
 
 def main() -> None:
+    _sigterm_as_ctrl_c()
     try:
         app()
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(130)  # a command cut short (serve, demo and status --watch exit 0 instead)
 
 
 if __name__ == "__main__":

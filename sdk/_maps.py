@@ -167,11 +167,15 @@ def choose_store(
     wanted = options.offset_map_store
     if wanted == "none":
         return OffsetMaps("none", group)
-    if wanted in ("auto", "kafka") and broker_keeps_metadata(config, group, topic, new_consumer):
-        return OffsetMaps("kafka", group)
+    kept = None
+    if wanted in ("auto", "kafka"):
+        kept = broker_keeps_metadata(config, group, topic, new_consumer)
+        if kept or (kept is None and wanted == "kafka"):
+            return OffsetMaps("kafka", group)  # asked for, and not known to be dropped
     if wanted == "kafka":
         log.warning("the broker drops commit metadata: offset maps are off (plain replay)")
         return OffsetMaps("none", group)
+    why = "Kafka did not answer the probe" if kept is None else "the broker drops commit metadata"
     if options.offset_map_redis_url:
         import redis
 
@@ -180,9 +184,14 @@ def choose_store(
             socket_timeout=REDIS_TIMEOUT,
             socket_connect_timeout=REDIS_TIMEOUT,
         )
-        log.info("the broker drops commit metadata: offset maps are kept in Redis")
+        log.info("%s: offset maps are kept in Redis", why)
         return OffsetMaps("redis", group, client)
-    log.info("commit metadata is not kept and no Redis is configured: plain replay")
+    log.log(
+        logging.WARNING if kept is None else logging.INFO,
+        "%s and no Redis is configured: offset maps are off for this run (after a restart, "
+        "records completed out of order are processed again)",
+        why,
+    )
     return OffsetMaps("none", group)
 
 
@@ -191,8 +200,9 @@ def broker_keeps_metadata(
     group: str,
     topic: str,
     new_consumer: Callable[[dict[str, Any]], Consumer],
-) -> bool:
-    """Commit a marker with metadata under a throw-away group and read it back."""
+) -> bool | None:
+    """Commit a marker with metadata under a throw-away group and read it back (None when
+    Kafka did not answer in time: unknown)."""
     probe_group = f"{group}.offset-map-probe"
     probe_config = {k: v for k, v in config.items() if k not in ("on_commit", "logger")}
     probe_config.update({"group.id": probe_group, "logger": KafkaLog("sdk.kafka.probe")})
@@ -202,12 +212,11 @@ def broker_keeps_metadata(
             probe.list_topics(topic, timeout=5)
         except KafkaException as exc:
             log.warning(
-                "Kafka at %s did not answer within 5 s (%s): offset maps are off for this run "
-                "(after a restart, records completed out of order are processed again)",
+                "Kafka at %s did not answer within 5 s (%s)",
                 config.get("bootstrap.servers"),
                 exc.args[0].str() if exc.args else exc,
             )
-            return False
+            return None
         tp = TopicPartition(topic, 0, 0, metadata="offset-map-probe")
         probe.commit(offsets=[tp], asynchronous=False)
         found = probe.committed([TopicPartition(topic, 0)], timeout=10)

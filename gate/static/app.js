@@ -204,7 +204,7 @@ function render(status) {
   box.replaceChildren(el("strong", { text: status.gate }), `: ${verdict.text}`);
   if (verdict.state === "stuck") {
     box.append(el("span", { className: "since",
-      text: `the watermark has not moved since ${clock(verdict.stuck_since)}; it waits for ${verdict.stuck_on.join(", ")}` }));
+      text: `records have waited since ${clock(verdict.stuck_since)} with the watermark still; it waits for ${verdict.stuck_on.join(", ")}` }));
   }
   if (status.dependent && status.dependent.committed) {
     box.append(el("span", { className: "since",
@@ -293,7 +293,13 @@ async function refreshHistory() {
   const points = body.points;
   const span = points.length ? body.now - points[0].t : body.span_s;
   const charts = [];
-  const rates = points.map((p, i) => (i ? Math.max(0, p.released - points[i - 1].released) / body.step_s : null));
+  // Released per second between consecutive points (their times, not the nominal step: polls
+  // may be slower than the step, or have failed for a while).
+  const rates = points.map((p, i) => {
+    if (!i) return null;
+    const dt = p.t - points[i - 1].t;
+    return dt > 0 ? Math.max(0, p.released - points[i - 1].released) / dt : null;
+  });
   const lastRate = rates.length ? rates[rates.length - 1] : null;
   const last = points[points.length - 1];
   charts.push(chart(`${gate}: released`, lastRate === null ? "" : `${fmt(Math.round(lastRate))}/s now · ${fmt(last.waiting)} waiting`,

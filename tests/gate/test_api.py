@@ -6,6 +6,7 @@ synthetic polls; the end-to-end tests against a broker live in test_gate_e2e.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -16,7 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gate import GateEvaluator, GateService, PollResult
-from gate._api import create_app
+from gate._api import ServiceStatus, create_app
+from gate._report import GateHistoryBody, GateStatus
 from tests.support import gate_config
 
 
@@ -321,17 +323,52 @@ def test_the_api_docs_are_served_without_any_other_host(api: Harness) -> None:
     assert api.client.get("/redoc").status_code == 200
 
 
-def test_readyz_reports_an_unreachable_redis() -> None:
+@pytest.mark.parametrize("reachable", [True, False], ids=["redis up", "redis down"])
+def test_readyz_reports_whether_the_configured_redis_answers(
+    reachable: bool, redis_url: str
+) -> None:
     service = GateService(
         gate_config(
             "127.0.0.1:1",
             {"a": {"topics": ["t"], "depends_on": ["b"]}},
-            redis_url="redis://127.0.0.1:1/0",
+            redis_url=redis_url if reachable else "redis://127.0.0.1:1/0",
         )
     )
+    asyncio.run(service._continue_redis_versions())  # what start() does first
     service.last_success = time.time()
     client = TestClient(create_app(service, manage_service=False))
     with client:
         body = client.get("/readyz").json()
-    assert body["ok"] is True and body["redis"] is False
-    assert "redis unreachable" in body["detail"]
+    assert body["ok"] is True  # Redis down never makes the gate unready: HTTP still serves
+    assert body["redis"] is reachable
+    assert ("redis unreachable" in body["detail"]) is not reachable
+
+
+def test_status_answers_match_their_documented_schemas(api: Harness) -> None:
+    """Every field the status endpoints send is in their response models, and nothing is
+    missing (the handlers build JSON directly, so the models must be kept true by hand)."""
+    for b, c in (ARTICLE, ({0: 60, 1: 60, 2: 60}, {0: 60, 1: 60, 2: 60})):
+        api.publish(b, c)
+        for path, model in (
+            ("/status", ServiceStatus),
+            ("/status/service-a", GateStatus),
+            ("/status/service-a/history", GateHistoryBody),
+        ):
+            body = api.client.get(path).json()
+            assert model.model_validate(body).model_dump(mode="json") == body, path
+
+
+def test_failing_to_read_only_the_dependent_s_group_is_no_poll_error() -> None:
+    service = GateService(gate_config("127.0.0.1:1", {"a": {"topics": ["t"], "depends_on": ["b"]}}))
+    failed = PollResult(
+        started_at=1.0,
+        finished_at=1.1,
+        partition_counts={"t": 1},
+        end_offsets={("t", 0): 10},
+        committed={"b": {("t", 0): 5}},
+        failed_groups=frozenset({"a", "b"}),
+        errors=("group a: not authorized", "group b: coordinator not available"),
+    )
+    kept = service._set_dependent_errors_apart(failed)
+    assert kept.errors == ("group b: coordinator not available",)
+    assert service._set_dependent_errors_apart(PollResult(1.0, 1.1, {}, {}, {})).errors == ()

@@ -329,3 +329,56 @@ def test_a_small_wobbling_lag_is_never_lagging(wobble: list[int]) -> None:
         committed = max(committed, end - lag)  # commits never go backwards
         state = ev.observe(poll(float(second), {"b": {0: committed}, "c": {0: end}}, {0: end}, 1))
         assert state.groups["b"] == OK, (second, wobble)
+
+
+def test_a_record_after_a_quiet_spell_is_neither_stalled_nor_stuck() -> None:
+    """One record every two minutes, processed within a second: the groups last committed
+    long ago, but nothing has waited long, so nothing is STALLED and the gate not stuck."""
+    ev = evaluator(stall_after=60.0)
+    end = 0
+    for second in range(0, 600):
+        if second % 120 == 0:
+            end += 1  # a new record, processed by both a second later
+        done = end if second % 120 else end - 1
+        state = ev.observe(poll(float(second), {"b": {0: done}, "c": {0: done}}, {0: end}, 1))
+        assert state.groups == {"b": OK, "c": OK}, second
+        assert state.verdict.state != "stuck", second
+
+
+def test_a_lag_that_holds_steady_after_a_hiccup_is_not_lagging() -> None:
+    """b falls 300 records behind during a 30 s hiccup, then keeps pace exactly: LAGGING
+    while it fell behind, OK once a whole window passed without growth."""
+    ev = evaluator(lag_window=20.0, lag_threshold=5.0, stall_after=1000.0)
+    states = {}
+    committed = 0
+    for second in range(0, 200):
+        end = 10 * second + 10
+        committed = committed + (0 if 10 <= second < 40 else 10)
+        states[second] = ev.observe(
+            poll(float(second), {"b": {0: committed}, "c": {0: end}}, {0: end}, 1)
+        )
+    assert states[35].groups["b"] == LAGGING
+    assert all(states[s].groups["b"] == OK for s in range(70, 200))
+    assert states[199].partitions[("t", 0)].groups["b"].lag == 300
+
+
+def test_an_empty_partition_is_held_by_no_one() -> None:
+    state = evaluator().observe(poll(1.0, {}, {0: 0, 1: 0, 2: 0}))
+    assert all(part.holding == () for part in state.partitions.values())
+    assert state.verdict.state == "released"
+
+
+def test_a_failed_read_of_the_dependent_keeps_its_last_offsets() -> None:
+    ev = GateEvaluator("a", ["t"], ["b"], StatusPolicy(), dependent="a")
+    ev.observe(poll(1.0, {"b": {0: 90}, "a": {0: 10}}, {0: 100}, 1))
+    failed = PollResult(
+        started_at=2.0,
+        finished_at=2.1,
+        partition_counts={"t": 1},
+        end_offsets={("t", 0): 100},
+        committed={"b": {("t", 0): 95}},
+        failed_groups=frozenset({"a"}),
+        errors=("group a: not authorized",),
+    )
+    part = ev.observe(failed).partitions[("t", 0)]
+    assert part.dependent == 10 and part.released_unprocessed == 85
