@@ -46,8 +46,10 @@ class OffsetPoller:
         request_timeout: float = 5.0,
         metadata_interval: float = 10.0,
         admin: AdminClient | None = None,
+        rebuild_after: float | None = None,
     ) -> None:
-        self._admin = admin or AdminClient(dict(properties), logger=KafkaLog("gate.kafka"))
+        self._properties = dict(properties)
+        self._admin = admin or self._new_admin()
         self._topics_by_group = {g: list(ts) for g, ts in topics_by_group.items()}
         self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
         self._timeout = request_timeout
@@ -58,6 +60,31 @@ class OffsetPoller:
         self._requests: dict[str, list[ConsumerGroupTopicPartitions]] = {}
         self._end_request: dict[TopicPartition, OffsetSpec] = {}
         self._requests_for: dict[str, int] | None = None
+        self._rebuild_after = 3 * request_timeout if rebuild_after is None else rebuild_after
+        self._groups_failing_since: float | None = None
+        self.rebuilds = 0
+
+    def _new_admin(self) -> AdminClient:
+        return AdminClient(dict(self._properties), logger=KafkaLog("gate.kafka"))
+
+    def _note_group_reads(self, failed: set[str], now: float) -> str | None:
+        """After a broker restart librdkafka's admin client can keep timing out on group
+        requests for good (end offsets and metadata still answer): when every group read has
+        failed for ``rebuild_after`` seconds, start again with a new client (returns what
+        it did, for the poll's errors)."""
+        if not self._requests or len(failed) < len(self._requests):
+            self._groups_failing_since = None
+            return None
+        if self._groups_failing_since is None:
+            self._groups_failing_since = now
+            return None
+        failing = now - self._groups_failing_since
+        if failing < self._rebuild_after:
+            return None
+        self._admin = self._new_admin()
+        self._groups_failing_since = None
+        self.rebuilds += 1
+        return f"admin client: every group read failed for {failing:.0f}s; started a new client"
 
     @property
     def topics(self) -> list[str]:
@@ -152,6 +179,10 @@ class OffsetPoller:
             errors.append(end_error)
 
         self._admin.poll(0)  # delivers librdkafka's log lines to the Python logger
+        rebuilt = self._note_group_reads(failed_groups, time.monotonic())
+        if rebuilt:
+            log.warning("%s", rebuilt)
+            errors.append(rebuilt)
         return PollResult(
             started_at=started_at,
             finished_at=time.time(),

@@ -245,10 +245,57 @@ class Scenario:
                 break
             if time.monotonic() > deadline:
                 missing = sorted(expected - started)
-                raise AssertionError(f"{len(missing)} records never started, e.g. {missing[:5]}")
+                raise AssertionError(
+                    f"{len(missing)} records never started, e.g. {missing[:5]}\n"
+                    + self.where_everyone_is(produced, missing)
+                )
             time.sleep(0.2)
         time.sleep(0.5)  # the last commits
         return produced
+
+    def where_everyone_is(self, produced: dict[int, int], missing: list[tuple[int, int]]) -> str:
+        """Per partition: produced, missing, A's highest start, B's and C's last commits, the
+        broker's offsets, the gate's watermark (what a stall report needs)."""
+        lines = []
+        try:
+            low_high = log_offsets(self.broker.bootstrap, self.topic)
+        except Exception as exc:  # the report must not hide the failure it explains
+            low_high = {}
+            lines.append(f"broker offsets unavailable: {exc}")
+        try:
+            status = httpx.get(f"{self.gate_url}/status/service-a", timeout=2).json()
+            watermarks = {
+                int(part["partition"]): (part["watermark"], part["holding"])
+                for part in status["partitions"]
+            }
+        except Exception as exc:
+            watermarks = {}
+            lines.append(f"gate status unavailable: {exc}")
+        starts: dict[int, int] = defaultdict(lambda: -1)
+        for _, p, o, _ in self._starts():
+            starts[p] = max(starts[p], o)
+        last = {name: {p: o for _, p, o in self.dependency_commits(name)} for name in DEPENDENCIES}
+        for p in sorted(produced):
+            gone = [o for q, o in missing if q == p]
+            lines.append(
+                f"partition {p}: produced {produced[p]}, missing {len(gone)}"
+                + (f" ({gone[0]}..{gone[-1]})" if gone else "")
+                + f", A started up to {starts[p]}, "
+                + ", ".join(f"{name} committed {last[name].get(p)}" for name in DEPENDENCIES)
+                + f", broker low/high {low_high.get(p)}, gate watermark {watermarks.get(p)}"
+            )
+        alive = {
+            "gate": self.gate_process is not None and self.gate_process.poll() is None,
+            **{name: proc.poll() is None for name, proc in self.dependencies.items()},
+            **{f"A {proc.pid}": proc.poll() is None for proc in self.dependents},
+        }
+        lines.append(f"processes alive: {alive}")
+        for name in ("service-a.err", "gate.err"):
+            path = self.workdir / name
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-15:]
+                lines.append(f"--- last lines of {name}:\n" + "\n".join(tail))
+        return "\n".join(lines)
 
     def close(self) -> None:
         for process in list(self.dependents):
@@ -431,6 +478,18 @@ def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     finally:
         consumer.close()
     return {tp.partition: tp.offset for tp in found}
+
+
+def log_offsets(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """Per partition, the broker's log start and end offsets."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "stall-report"})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+            for p in range(PARTITIONS)
+        }
+    finally:
+        consumer.close()
 
 
 def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:

@@ -13,7 +13,7 @@ from confluent_kafka.admin import NewPartitions
 
 from gate import Snapshot, parse_config, snapshot_from_hash, updates_channel, watermarks_key
 from gate._local import LocalBroker, LocalRedis, LocalServiceError
-from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
+from tests.support import Broker, Kafka, gate_config, serve_gate, unique, wait_until
 
 ARTICLE_B = {0: 30, 1: 30, 2: 10}
 ARTICLE_C = {0: 23, 1: 52, 2: 15}
@@ -365,5 +365,43 @@ def test_an_aborted_admin_client_costs_one_poll(kafka: Kafka) -> None:
         assert failed.failed_groups == {group} and "process ended" in failed.errors[0]
         again = poller.poll()
         assert again.committed[group] == {(topic, 0): 7} and poller.restarts == 1
+    finally:
+        poller.close()
+
+
+def test_an_admin_client_whose_group_reads_keep_failing_is_replaced(
+    local_broker: LocalBroker, broker: Broker
+) -> None:
+    """After a broker restart librdkafka's admin client may time out on every group read for
+    good while metadata still answers: once every group read has failed for three request
+    timeouts the poller starts a new client (and says so), and the gate reads the groups
+    again."""
+    from gate._poller import IsolatedPoller
+
+    kafka = Kafka(local_broker.bootstrap, broker)
+    topic, group = kafka.create_topic(1), unique("CG")
+    kafka.commit(group, topic, {0: 7})
+    poller = IsolatedPoller(
+        {"bootstrap.servers": local_broker.bootstrap}, {group: [topic]},
+        request_timeout=0.5, metadata_interval=0.5,
+    )  # fmt: skip
+    try:
+        assert poller.poll().committed[group] == {(topic, 0): 7}
+        local_broker.stop()
+        errors: list[str] = []
+        deadline = time.monotonic() + 20
+        while not any("started a new client" in e for e in errors):
+            assert time.monotonic() < deadline, f"the admin client was never replaced: {errors}"
+            result = poller.poll()
+            assert group in result.failed_groups
+            errors.extend(result.errors)
+        local_broker.start()
+        if not local_broker.keeps_data:
+            kafka.create_topic(1, name=topic)
+            kafka.commit(group, topic, {0: 7})
+        deadline = time.monotonic() + 30
+        while (result := poller.poll()).committed.get(group) != {(topic, 0): 7}:
+            assert time.monotonic() < deadline, f"the groups were not read again: {result.errors}"
+            time.sleep(0.2)
     finally:
         poller.close()
