@@ -232,7 +232,7 @@ def gating_cost(bootstrap: str, admin: AdminClient, records: int, rounds: int) -
                 {"bootstrap.servers": bootstrap, "group.id": f"cost-{random.random()}", **CONSUMER},
                 [topic],
                 handler,
-                Options(ordering=Ordering.KEY, max_concurrency=16, max_buffered=20_000),
+                Options(ordering=Ordering.KEY, max_concurrency=16),  # defaults otherwise
                 gate=gate,
                 registry=None,
             )

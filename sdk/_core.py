@@ -12,10 +12,15 @@ a named method. The rules it keeps:
   the user chose (``on_exhausted="skip"``). A terminal failure with nowhere to send it (no
   dead-letter topic) is never done: it holds its shard as STUCK and is reported.
 * **Commits** (``sdk._partition``) never pass a record that is not done.
-* **Memory.** Everything a partition holds counts against its share of the buffer,
-  completed-beyond-head included; a partition whose share is full is paused (resumed below
-  half), and every partition pauses while the engine as a whole is full or too many records
-  are parked for retry.
+* **Memory.** Everything a partition holds counts against the buffer, completed-beyond-head
+  included. Fetching takes records while the buffer in use is below the buffer minus a
+  small reserve; beyond that only single records (from the polls that serve librdkafka's
+  callbacks) enter, and at the full buffer every partition pauses until the engine is back
+  below the reserve. A partition that holds its share and is stalled (nothing it holds can
+  start, or its head has not moved for a while) is paused, and counts as its share only,
+  so it cannot starve the others; a flowing one is not paused, because every pause throws
+  away librdkafka's prefetched records and costs a refetch. Every partition also pauses
+  while too many records are parked for retry, and while stopping.
 * **Revocation** stops a partition's scheduling at once; dropping it removes every trace;
   results that arrive later for its records are ignored.
 """
@@ -73,6 +78,8 @@ class WorkCore:
         self.max_retrying = max_retrying
         self.process_delay = process_delay
         self.buffer_limit = buffer_limit
+        self.reserve = buffer_limit // 16  # room for records that arrive with callbacks
+        self.full = False  # every partition paused until held() is below the reserve again
         self.map_limit = map_limit
         self.paused_all = False  # start nothing (the user's pause, or a stop)
         self.fetch_stopped = False  # pause every partition (stopping)
@@ -321,34 +328,56 @@ class WorkCore:
     def share(self) -> int:
         return max(1, self.buffer_limit // max(1, len(self.partitions)))
 
-    def pause_changes(self) -> tuple[list[TP], list[TP]]:
-        """Partitions whose fetching librdkafka must be told to pause, and to resume, now.
-
-        A partition pauses when what it holds reaches its share of the buffer, and resumes
-        at half of it; every partition pauses while the engine holds its whole buffer, while
-        too many records are parked for retry, and while stopping. A partition whose state
-        at librdkafka is unknown (just assigned) is always told one or the other."""
+    def used(self, now: float) -> int:
+        """The part of the buffer in use: what partitions hold, a stalled partition counted
+        at no more than its share (it is paused there, and what it holds beyond its share
+        must not starve the others: a poison head could hold it for good)."""
         share = self.share()
-        pressure = (
-            self.fetch_stopped
-            or len(self.retrying) >= self.max_retrying
-            or self.held() >= self.buffer_limit
-        )
+        used = 0
+        for part in self.partitions.values():
+            held = len(part.pending)
+            used += share if held > share and part.stalled(now) else held
+        return used
+
+    def room(self, now: float) -> int:
+        """How many records a fetch may take now (the reserve is kept for callbacks)."""
+        return self.buffer_limit - self.reserve - self.used(now)
+
+    def pause_changes(self, now: float) -> tuple[list[TP], list[TP]]:
+        """Partitions whose fetching librdkafka must be told to pause, and to resume, now
+        (see *Memory* above; :meth:`PartitionState.wanted_fetch` decides for each). A
+        partition whose state at librdkafka is unknown (just assigned) is always told one or
+        the other."""
+        held = self.used(now)
+        if held >= self.buffer_limit:
+            self.full = True
+        elif held < self.buffer_limit - self.reserve:
+            self.full = False
+        pressure = self.fetch_stopped or self.full or len(self.retrying) >= self.max_retrying
+        share = self.share()
         pause, resume = [], []
         for tp, part in self.partitions.items():
             if part.revoked:
                 continue
-            wanted = part.wanted_fetch(share, pressure)
+            if part.fetch == PAUSED:
+                part.account_pause(now)
+            wanted = part.wanted_fetch(share, pressure, now)
             if wanted != part.fetch:
                 (pause if wanted == PAUSED else resume).append(tp)
         return pause, resume
 
-    def fetch_changed(self, paused: Iterable[TP], resumed: Iterable[TP]) -> None:
+    def fetch_changed(self, paused: Iterable[TP], resumed: Iterable[TP], now: float) -> None:
         """librdkafka was told to pause ``paused`` and resume ``resumed``."""
         for tps, state in ((paused, PAUSED), (resumed, FETCHING)):
             for tp in tps:
                 part = self.partitions.get(tp)
                 if part is not None:
+                    if state == PAUSED:
+                        part.counts.pauses += 1
+                        part.pause_checked = now
+                    else:
+                        part.account_pause(now)
+                        part.pause_checked = None
                     part.fetch = state
 
     def fetch_unknown(self, tps: Iterable[TP]) -> None:

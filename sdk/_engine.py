@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from gate._kafkalog import KafkaLog
+from sdk import _collector
 from sdk._commits import Committer
 from sdk._core import WorkCore
 from sdk._dead_letters import DeadLetters
@@ -153,6 +154,7 @@ class ParallelConsumer(ConsumerLoop):
             raise RuntimeError("this consumer has already run")
         self._started.set()
         restore = self._stop_on_ctrl_c()
+        collector = _collector.raise_threshold(self.options.gc_threshold)
         try:
             self._open()
             self._loop()
@@ -161,6 +163,8 @@ class ParallelConsumer(ConsumerLoop):
             raise
         finally:
             self._close()
+            if collector:
+                _collector.restore()
             self._finished.set()
             if restore is not None:
                 signal.signal(signal.SIGINT, restore)

@@ -39,6 +39,8 @@ _FETCH_MAX = 5000
 """Most records taken from librdkafka in one go."""
 _FETCH_EVERY = 0.002
 """Seconds between fetches while records are held or running."""
+_SERVE_EVERY = 0.05
+"""Seconds between the polls that only serve callbacks while the buffer is used up."""
 _MIN_WAIT = 0.001
 """The loop never blocks for less: a timer that is due but cannot be served must not spin."""
 
@@ -128,13 +130,20 @@ class ConsumerLoop:
     def _fetch(self, timeout: float) -> None:
         consumer = self._consumer
         assert consumer is not None
-        room = self.core.buffer_limit - self.core.held()
+        room = self.core.room(self._time())
         if room <= 0:
-            # Full, so every partition is paused and this only serves callbacks; but a
-            # partition assigned during it may hand over a record: it is put back for later.
-            for message in consumer.consume(1, 0):
-                self._put_back(consumer, message)
+            # The buffer is used up to its reserve: serve librdkafka's callbacks now and then,
+            # taking at most one record (into the reserve). Partitions are not paused for it:
+            # a pause throws away what librdkafka prefetched; at the full buffer they are.
+            if timeout <= 0 and self._mono() - self._fetched_at < _SERVE_EVERY:
+                return
+            messages = consumer.consume(1, 0)
             self._fetched_at = self._mono()
+            if messages and self._stop is None:
+                if not self.core.full:
+                    self._register(messages, self._time())
+                else:  # full (so paused), but a partition assigned meanwhile handed one over
+                    self._put_back(consumer, messages[0])
             self._apply_pauses()
             return
         if timeout > 0:

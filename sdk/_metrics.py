@@ -71,10 +71,24 @@ class EngineCollector(Collector):
             name: CounterMetricFamily(f"sdk_{name}_records", help_text, labels=labels)
             for name, help_text in _COUNTS.items()
         }
+        pauses = CounterMetricFamily(
+            "sdk_partition_pauses",
+            "Times the partition was paused for back-pressure (each costs a refetch).",
+            labels=labels,
+        )
+        paused_with_work = CounterMetricFamily(
+            "sdk_paused_with_work_seconds",
+            "Seconds the partition was paused while its records could have run.",
+            labels=labels,
+        )
         for (topic, partition), counts in stats["counts"].items():
+            values = [group, topic, str(partition)]
             for name, family in families.items():
-                family.add_metric([group, topic, str(partition)], counts[name])
+                family.add_metric(values, counts[name])
+            pauses.add_metric(values, counts["pauses"])
+            paused_with_work.add_metric(values, counts["paused_with_work_s"])
         yield from families.values()
+        yield from (pauses, paused_with_work)
 
         committed = GaugeMetricFamily(
             "sdk_committed_offset", "Last committed offset.", labels=labels

@@ -96,8 +96,10 @@ class Options:
     null_keys: Literal["ordered", "unordered"] = "ordered"
     """KEY ordering: records without a key are ordered together per partition, or not at all."""
     max_buffered: int | None = None
-    """Records held in memory (fetched, in flight and waiting for retry) at most; partitions
-    whose share is full are paused. Default: max(1000, 4 x concurrency x batch size)."""
+    """Records held in memory (fetched, in flight, waiting for retry, and completed beyond a
+    partition's lowest incomplete one) at most; fetching stops when it is used, and stalled
+    partitions are paused at their share (see docs/sdk.md, *Back-pressure and memory*).
+    Default: max(10,000, 4 x concurrency x batch size)."""
     commit_interval: float = 1.0
     revoke_timeout: float = 10.0
     """Seconds to wait for in-flight records of revoked partitions before letting them go."""
@@ -124,6 +126,11 @@ class Options:
     hooks: Hooks = field(default_factory=Hooks)
     max_item_records: int = 256
     """Most records one worker takes at once (fewer when handlers are slow)."""
+    gc_threshold: int | None = 10_000
+    """While the consumer runs, Python's generation-0 garbage-collection threshold is raised
+    to this (from the interpreter's 700) and put back afterwards: the engine allocates a few
+    objects per record, and the default makes the collector cost about a third of the
+    consumer thread's time. Process-wide; None leaves the collector alone."""
 
     def __post_init__(self) -> None:
         def bad(name: str, message: str) -> OptionsError:
@@ -137,7 +144,7 @@ class Options:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(name, "must be an integer of at least 1")
-        for name in ("batch_size", "max_buffered", "max_attempts"):
+        for name in ("batch_size", "max_buffered", "max_attempts", "gc_threshold"):
             value = getattr(self, name)
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
@@ -175,4 +182,4 @@ class Options:
     def buffer_limit(self) -> int:
         if self.max_buffered is not None:
             return self.max_buffered
-        return max(1000, 4 * self.max_concurrency * (self.batch_size or 1))
+        return max(10_000, 4 * self.max_concurrency * (self.batch_size or 1))

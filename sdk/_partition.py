@@ -13,6 +13,10 @@
 * **Fetch** is what librdkafka was last told about fetching this partition: UNKNOWN right
   after assignment (librdkafka keeps an application's pause across a re-assignment, so the
   first decision is always sent), then FETCHING or PAUSED.
+* **Stalled**: nothing it holds can start (its lowest incomplete record is at or beyond its
+  release limit) or that record has not changed for ``STALL_AFTER`` seconds. Only a stalled
+  partition is paused for using its share: pausing costs a refetch of everything librdkafka
+  had prefetched (about one ``fetch.wait.max.ms``), which a flowing partition must not pay.
 
 Pure: no I/O, time is passed in.
 """
@@ -32,6 +36,9 @@ TP = tuple[str, int]
 
 UNKNOWN, FETCHING, PAUSED = range(3)
 
+STALL_AFTER = 1.0
+"""Seconds without progress at its head after which a partition counts as stalled."""
+
 
 @dataclass
 class Counts:
@@ -44,6 +51,10 @@ class Counts:
     skipped: int = 0
     restored_skips: int = 0
     stuck: int = 0
+    pauses: int = 0
+    """Times librdkafka was told to pause the partition."""
+    paused_with_work_s: float = 0.0
+    """Seconds it was paused while not stalled (a pause that slowed its records)."""
 
 
 class PartitionState:
@@ -64,6 +75,7 @@ class PartitionState:
         "map_cap",
         "map_changes",
         "map_text",
+        "pause_checked",
         "pending",
         "restored",
         "revoked",
@@ -95,6 +107,7 @@ class PartitionState:
         self.map_changes = -1  # ``done_changes`` when ``map_text`` was built
         self.sent: tuple[int | None, str] = (start, "")  # last commit handed out
         self.fetch = UNKNOWN
+        self.pause_checked: float | None = None  # while paused: when last accounted for
 
     # ---- held and completed -------------------------------------------------------------
 
@@ -162,15 +175,37 @@ class PartitionState:
         """The map to commit with ``offset``: only one built for exactly that offset."""
         return self.map_text if self.map_base == offset else ""
 
-    def wanted_fetch(self, share: int, pressure: bool) -> int:
-        """PAUSED at its share of the buffer (or under pressure), FETCHING at half of it or
-        less; in between, as it is (FETCHING when unknown)."""
-        held = len(self.pending)
-        if pressure or held >= share:
+    def stalled(self, now: float) -> bool:
+        """Nothing it holds can start, or its lowest incomplete record has not changed for
+        ``STALL_AFTER`` seconds."""
+        pending = self.pending
+        if not pending:
+            return False
+        limit = self.release_limit()
+        if limit is not None and pending[0] >= limit:
+            return True
+        return now - self.head_since >= STALL_AFTER
+
+    def wanted_fetch(self, share: int, pressure: bool, now: float) -> int:
+        """PAUSED under pressure, or at its share of the buffer when stalled; a paused one
+        resumes at half its share, or below its share once it moves again; FETCHING when
+        unknown. A flowing partition is never paused for its share: the engine stops taking
+        records when the buffer is full instead."""
+        if pressure:
             return PAUSED
-        if held <= share // 2 or self.fetch == UNKNOWN:
-            return FETCHING
-        return self.fetch
+        held = len(self.pending)
+        if held >= share and self.stalled(now):
+            return PAUSED
+        if self.fetch == PAUSED and held > share // 2 and (held >= share or self.stalled(now)):
+            return PAUSED
+        return FETCHING
+
+    def account_pause(self, now: float) -> None:
+        """While paused: add the time since the last check to ``paused_with_work_s`` unless
+        the partition is stalled (then the pause costs nothing)."""
+        checked, self.pause_checked = self.pause_checked, now
+        if checked is not None and not self.stalled(now):
+            self.counts.paused_with_work_s += now - checked
 
     # ---- release limit ------------------------------------------------------------------
 

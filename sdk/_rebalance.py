@@ -89,11 +89,12 @@ class Rebalancer:
     def reconcile(self, consumer: Consumer) -> None:
         """Tell librdkafka to pause or resume what the core decided (the core remembers what
         librdkafka was told, and forgets it when telling failed)."""
-        pause, resume = self.core.pause_changes()
+        now = self.clock()
+        pause, resume = self.core.pause_changes(now)
         if pause and self._tell(consumer.pause, pause):
-            self.core.fetch_changed(pause, ())
+            self.core.fetch_changed(pause, (), now)
         if resume and self._tell(consumer.resume, resume):
-            self.core.fetch_changed((), resume)
+            self.core.fetch_changed((), resume, now)
 
     def _tell(self, call: Callable[[list[TopicPartition]], None], tps: list[TP]) -> bool:
         try:

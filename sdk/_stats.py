@@ -33,6 +33,8 @@ def snapshot(consumer: ParallelConsumer, now: float) -> dict[str, Any]:
         "retrying": len(core.retrying),
         "stuck": len(core.stuck),
         "paused_partitions": core.paused_partitions(),
+        "pauses": sum(c.pauses for c in core.counts.values()),
+        "paused_with_work_s": sum(c.paused_with_work_s for c in core.counts.values()),
         "paused": consumer.paused_by_user,
         "offset_map_store": consumer._maps.kind,
         "partitions": partitions,

@@ -11,8 +11,10 @@ passing, dead-letter outages, and stopping and restarting. After every step it c
 * no commit passes a record that was not done (processed, dead-lettered with an acknowledged
   copy, or skipped by the chosen policy), and offset maps only list done records;
 * what librdkafka was told about fetching matches what the core believes, and a partition
-  is paused only when its share of the buffer is used (no stuck pause);
-* the memory bound holds: the engine never holds more records than its buffer;
+  is paused only when the buffer is full or it is stalled with its share used (no stuck
+  pause, no pause of a partition that flows);
+* the memory bound holds: fetching stops at the buffer, and only partitions stalled beyond
+  their share (counted as their share, so they cannot starve the others) exceed it;
 * the loop does not spin: a short wait is always for a record it can start then.
 
 At the end, with the gate open and every handler succeeding, everything not held for good
@@ -362,11 +364,8 @@ class ShellMachine(RuleBasedStateMachine):
             return
         core, sim = engine.core, engine.sim
         share = core.share()
-        pressure = (
-            core.fetch_stopped
-            or len(core.retrying) >= core.max_retrying
-            or core.held() >= core.buffer_limit
-        )
+        pressure = core.fetch_stopped or len(core.retrying) >= core.max_retrying or core.full
+        now = engine._time()
         for tp in sim.assignment:
             part = core.partitions.get(tp)
             assert part is not None, f"{tp} is assigned but the core does not track it"
@@ -375,9 +374,13 @@ class ShellMachine(RuleBasedStateMachine):
                 f"{tp}: librdkafka {'pauses' if paused else 'fetches'} it, the core believes "
                 f"{'paused' if part.fetch == PAUSED else 'fetching'}"
             )
-            if paused:
-                assert pressure or part.held > share // 2, (
+            if paused and not pressure:
+                assert part.held > share // 2, (
                     f"{tp} is paused with room in its share ({part.held} of {share})"
+                )
+                assert part.held >= share or part.stalled(now), (
+                    f"{tp} is paused while it flows ({part.held} of {share}): a pause costs "
+                    "a refetch of everything librdkafka had prefetched"
                 )
 
     @invariant()
@@ -386,7 +389,14 @@ class ShellMachine(RuleBasedStateMachine):
         if engine is None:
             return
         core = engine.core
-        assert core.held() <= core.buffer_limit, f"holds {core.held()} of {core.buffer_limit}"
+        # Fetching stops at the buffer; a partition stalled beyond its share counts as its
+        # share (so it cannot starve the others): no partition ever holds more than the
+        # buffer, and the engine as a whole no more than one buffer per partition.
+        limit = core.buffer_limit
+        assert all(part.held <= limit for part in core.partitions.values()), (
+            f"a partition holds more than the buffer of {limit}"
+        )
+        assert core.held() <= limit * max(1, len(core.partitions))
         for part in core.partitions.values():
             assert part.done <= set(part.pending), "a completed offset outside the held ones"
 

@@ -370,3 +370,47 @@ def _entry(offset: int) -> Entry:
     part = PartitionState(TP0, None, [], Counts(), 0.0)
     shard = Shard(TP0, part)
     return Entry(offset, part, shard, SimMessage(TP0, offset, None, 0), 0.0)
+
+
+# ---- a partition stuck with the whole buffer does not starve the others ------------------
+
+
+def test_a_partition_stuck_with_the_whole_buffer_does_not_starve_the_others() -> None:
+    """Partition 0 took the whole buffer in one fetch, then every record of it failed for
+    good (no dead-letter topic: held). Counted at its share once stalled, it leaves room for
+    partition 1, whose record is processed and committed."""
+    shell = Shell(
+        Options(ordering=Ordering.UNORDERED, max_concurrency=3, max_buffered=4), partitions=2
+    )
+    shell.cluster.produce(0, [b"a"] * 4)
+    shell.turn()
+    shell.cluster.produce(1, [b"a"])
+    shell.turn()
+    assert shell.engine.core.partitions[TP0].held == 4
+    for item in shell.running():
+        shell.finish(item, [TerminalError("never")] * len(item.entries))
+    shell.finish_all(turns=20, seconds=0.5)
+    assert shell.committed(1) == 1, "partition 1 starved behind the stuck partition 0"
+    assert shell.committed(0) in (None, 0) and TP0 in shell.sim.paused
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_flowing_partitions_are_not_paused_when_the_buffer_fills(partitions: int) -> None:
+    """Backlogs larger than the buffer, every record succeeding: the engine stops taking
+    records at the buffer instead of pausing partitions (a pause throws away librdkafka's
+    prefetched records and costs a refetch), whatever share each one holds."""
+    shell = Shell(
+        Options(ordering=Ordering.KEY, max_concurrency=4, max_buffered=64), partitions=partitions
+    )
+    for p in range(partitions):
+        shell.cluster.produce(p, [b"k%d" % (i % 8) for i in range(1000 - 300 * p)])
+    for _ in range(500):
+        for item in shell.running():
+            shell.finish(item)
+        shell.turn(seconds=0.005)
+        assert shell.engine.core.held() <= 64
+        assert not shell.sim.paused, "a flowing partition was paused"
+    assert [shell.committed(p) for p in range(partitions)] == [
+        1000 - 300 * p for p in range(partitions)
+    ]
+    assert all(c.pauses == 0 for c in shell.engine.core.counts.values())
