@@ -18,8 +18,10 @@ a named method. The rules it keeps:
   callbacks) enter, and at the full buffer every partition pauses until the engine is back
   below the reserve. A partition that holds its share and is stalled (nothing it holds can
   start, or its head has not moved for a while) is paused, and counts as its share only,
-  so it cannot starve the others; a flowing one is not paused, because every pause throws
-  away librdkafka's prefetched records and costs a refetch. Every partition also pauses
+  so it cannot starve the others; while the engine holds a whole buffer, every stalled
+  partition is paused, so the room beyond goes to partitions that flow. A flowing one is
+  not paused, because every pause throws away librdkafka's prefetched records and costs a
+  refetch. Every partition also pauses
   while too many records are parked for retry, and while stopping.
 * **Revocation** stops a partition's scheduling at once; dropping it removes every trace;
   results that arrive later for its records are ignored.
@@ -331,13 +333,15 @@ class WorkCore:
     def used(self, now: float) -> int:
         """The part of the buffer in use: what partitions hold, a stalled partition counted
         at no more than its share (it is paused there, and what it holds beyond its share
-        must not starve the others: a poison head could hold it for good)."""
+        must not starve the others: a poison head could hold it for good), but never less
+        than what is held minus one share (so memory stays within the buffer plus a share)."""
         share = self.share()
-        used = 0
+        used = held_total = 0
         for part in self.partitions.values():
             held = len(part.pending)
+            held_total += held
             used += share if held > share and part.stalled(now) else held
-        return used
+        return max(used, held_total - share)
 
     def room(self, now: float) -> int:
         """How many records a fetch may take now (the reserve is kept for callbacks)."""
@@ -348,12 +352,13 @@ class WorkCore:
         (see *Memory* above; :meth:`PartitionState.wanted_fetch` decides for each). A
         partition whose state at librdkafka is unknown (just assigned) is always told one or
         the other."""
-        held = self.used(now)
-        if held >= self.buffer_limit:
+        used = self.used(now)
+        if used >= self.buffer_limit:
             self.full = True
-        elif held < self.buffer_limit - self.reserve:
+        elif used < self.buffer_limit - self.reserve:
             self.full = False
         pressure = self.fetch_stopped or self.full or len(self.retrying) >= self.max_retrying
+        crowded = self.held() >= self.buffer_limit
         share = self.share()
         pause, resume = [], []
         for tp, part in self.partitions.items():
@@ -361,7 +366,7 @@ class WorkCore:
                 continue
             if part.fetch == PAUSED:
                 part.account_pause(now)
-            wanted = part.wanted_fetch(share, pressure, now)
+            wanted = part.wanted_fetch(share, pressure, crowded, now)
             if wanted != part.fetch:
                 (pause if wanted == PAUSED else resume).append(tp)
         return pause, resume

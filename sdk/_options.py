@@ -96,10 +96,10 @@ class Options:
     null_keys: Literal["ordered", "unordered"] = "ordered"
     """KEY ordering: records without a key are ordered together per partition, or not at all."""
     max_buffered: int | None = None
-    """Records held in memory (fetched, in flight, waiting for retry, and completed beyond a
-    partition's lowest incomplete one) at most; fetching stops when it is used, and stalled
-    partitions are paused at their share (see docs/sdk.md, *Back-pressure and memory*).
-    Default: max(10,000, 4 x concurrency x batch size)."""
+    """The buffer: records held in memory (fetched, in flight, waiting for retry, and
+    completed beyond a partition's lowest incomplete one). Fetching stops when it is used;
+    stalled partitions are paused at their share and count as their share (see docs/sdk.md,
+    *Back-pressure and memory*). Default: max(10,000, 4 x concurrency x batch size)."""
     commit_interval: float = 1.0
     revoke_timeout: float = 10.0
     """Seconds to wait for in-flight records of revoked partitions before letting them go."""

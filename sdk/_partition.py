@@ -186,17 +186,19 @@ class PartitionState:
             return True
         return now - self.head_since >= STALL_AFTER
 
-    def wanted_fetch(self, share: int, pressure: bool, now: float) -> int:
-        """PAUSED under pressure, or at its share of the buffer when stalled; a paused one
-        resumes at half its share, or below its share once it moves again; FETCHING when
-        unknown. A flowing partition is never paused for its share: the engine stops taking
-        records when the buffer is full instead."""
+    def wanted_fetch(self, share: int, pressure: bool, crowded: bool, now: float) -> int:
+        """PAUSED under pressure; when stalled, PAUSED at its share of the buffer, or at any
+        size while the engine holds a whole buffer (``crowded``: the room left is for
+        partitions that flow); a paused one resumes at half its share, or below its share
+        once it moves again. A flowing partition is never paused for its share: the engine
+        stops taking records when the buffer is full instead."""
         if pressure:
             return PAUSED
         held = len(self.pending)
-        if held >= share and self.stalled(now):
+        stalled = self.stalled(now)
+        if stalled and (held >= share or crowded):
             return PAUSED
-        if self.fetch == PAUSED and held > share // 2 and (held >= share or self.stalled(now)):
+        if self.fetch == PAUSED and held > share // 2 and (held >= share or stalled):
             return PAUSED
         return FETCHING
 
