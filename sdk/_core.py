@@ -13,16 +13,17 @@ a named method. The rules it keeps:
   dead-letter topic) is never done: it holds its shard as STUCK and is reported.
 * **Commits** (``sdk._partition``) never pass a record that is not done.
 * **Memory.** Everything a partition holds counts against the buffer, completed-beyond-head
-  included. Fetching takes records while the buffer in use is below the buffer minus a
-  small reserve; beyond that only single records (from the polls that serve librdkafka's
+  included. Fetching takes records while the buffer in use is below the buffer minus a small
+  reserve; beyond that only single records (from the polls that serve librdkafka's
   callbacks) enter, and at the full buffer every partition pauses until the engine is back
   below the reserve. A partition that holds its share and is stalled (nothing it holds can
-  start, or its head has not moved for a while) is paused, and counts as its share only,
-  so it cannot starve the others; while the engine holds a whole buffer, every stalled
-  partition is paused, so the room beyond goes to partitions that flow. A flowing one is
-  not paused, because every pause throws away librdkafka's prefetched records and costs a
-  refetch. Every partition also pauses
-  while too many records are parked for retry, and while stopping.
+  start, or its head has not moved for a while) is paused, and counts as its share only, so
+  it does not starve the others (unless it holds more than the buffer minus a share in
+  records that never complete: memory stays within the buffer plus one share); while the
+  engine holds a whole buffer, every stalled partition is paused, so the room beyond goes to
+  partitions that flow. A flowing one is not paused, because every pause throws away
+  librdkafka's prefetched records and costs a refetch. Every partition also pauses while too
+  many records are parked for retry, and while stopping.
 * **Revocation** stops a partition's scheduling at once; dropping it removes every trace;
   results that arrive later for its records are ignored.
 """
