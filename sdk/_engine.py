@@ -175,18 +175,7 @@ class ParallelConsumer(ConsumerLoop):
             return None
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             return None  # stop_on_signals, or the application's own handler
-        interrupts = 0
-
-        def interrupted(signum: int, frame: FrameType | None) -> None:
-            nonlocal interrupts
-            interrupts += 1
-            log.info(
-                "interrupted: stopping %s",
-                "gracefully (Ctrl-C again to stop at once)" if interrupts == 1 else "at once",
-            )
-            self.stop(drain=interrupts == 1, wait=False)
-
-        signal.signal(signal.SIGINT, interrupted)
+        signal.signal(signal.SIGINT, _two_stage_stop(self, timeout=30.0))
         return signal.default_int_handler
 
     def start(self) -> ParallelConsumer:
@@ -341,17 +330,26 @@ def stop_on_signals(
 ) -> None:
     """First signal: graceful stop (drain in-flight records for up to ``timeout`` seconds).
     Second signal: stop at once. Call from the main thread."""
+    handle = _two_stage_stop(consumer, timeout)
+    for sig in signals:
+        signal.signal(sig, handle)
+
+
+def _two_stage_stop(
+    consumer: ParallelConsumer, timeout: float
+) -> Callable[[int, FrameType | None], None]:
+    """A signal handler: the first signal stops gracefully, the next one at once."""
     received = 0
 
     def handle(signum: int, frame: FrameType | None) -> None:
         nonlocal received
         received += 1
         log.info(
-            "signal %s: %s stop",
+            "signal %s: %s stop%s",
             signal.Signals(signum).name,
             "graceful" if received == 1 else "immediate",
+            " (again to stop at once)" if received == 1 else "",
         )
         consumer.stop(drain=received == 1, timeout=timeout, wait=False)
 
-    for sig in signals:
-        signal.signal(sig, handle)
+    return handle
