@@ -97,6 +97,10 @@ class Producer_(threading.Thread):
         return self.produced()
 
 
+class GateExited(RuntimeError):
+    """The gate's process ended before it became ready."""
+
+
 class Scenario:
     def __init__(
         self, workdir: Path, rate: float = 200.0, broker: type[LocalBroker] = LocalBroker
@@ -107,7 +111,7 @@ class Scenario:
         self.redis = LocalRedis()
         self.topic = "payments"
         self.group = "service-a"
-        self.gate_port = free_port()
+        self.gate_port = 0  # chosen at start
         self.gate_process: subprocess.Popen[bytes] | None = None
         self.dependencies: dict[str, subprocess.Popen[bytes]] = {}
         self.dependents: list[subprocess.Popen[bytes]] = []
@@ -133,6 +137,25 @@ class Scenario:
         admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
         for future in admin.create_topics([NewTopic(self.topic, PARTITIONS, 1)]).values():
             future.result(30)
+        for attempt in range(3):
+            # The port is chosen as late as possible, and chosen again if something took it
+            # meanwhile (the clients' own ephemeral ports come from the same range).
+            self.gate_port = free_port()
+            self._write_gate_config()
+            try:
+                self.start_gate()
+                break
+            except GateExited:
+                if attempt == 2:
+                    raise
+        for name in DEPENDENCIES:
+            self.start_dependency(name)
+        self.spawn_dependent()
+        self.producer = Producer_(self.broker.bootstrap, self.topic, self.rate)
+        self.producer.start()
+        return self
+
+    def _write_gate_config(self) -> None:
         (self.workdir / "gate.yaml").write_text(
             json.dumps(
                 {
@@ -147,13 +170,6 @@ class Scenario:
                 }
             )
         )
-        self.start_gate()
-        for name in DEPENDENCIES:
-            self.start_dependency(name)
-        self.spawn_dependent()
-        self.producer = Producer_(self.broker.bootstrap, self.topic, self.rate)
-        self.producer.start()
-        return self
 
     @property
     def gate_url(self) -> str:
@@ -163,15 +179,31 @@ class Scenario:
         self.gate_process = self._spawn(
             "-m", "gate.cli", "serve", "--config", str(self.workdir / "gate.yaml"), log="gate.err"
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
+        answer = "no answer"
         while time.monotonic() < deadline:
+            if self.gate_process.poll() is not None:
+                raise GateExited(
+                    f"the gate exited with {self.gate_process.returncode}: "
+                    + self._log_tail("gate.err")
+                )
             try:
-                if httpx.get(f"{self.gate_url}/readyz", timeout=1).status_code == 200:
+                probe = httpx.get(f"{self.gate_url}/readyz", timeout=1)
+                if probe.status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
+                answer = probe.text
+            except httpx.HTTPError as exc:
+                answer = repr(exc)
             time.sleep(0.1)
-        raise RuntimeError("the gate did not become ready; see gate.err")
+        raise RuntimeError(
+            f"the gate did not become ready in 60 s; /readyz: {answer}; "
+            + self._log_tail("gate.err")
+        )
+
+    def _log_tail(self, log: str, lines: int = 20) -> str:
+        path = self.workdir / log
+        text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+        return f"{log} ends:\n" + "\n".join(text)
 
     def kill_gate(self) -> None:
         assert self.gate_process is not None
