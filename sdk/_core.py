@@ -87,7 +87,7 @@ class WorkCore:
         self.paused_all = False  # start nothing (the user's pause, or a stop)
         self.fetch_stopped = False  # pause every partition (stopping)
         self.partitions: dict[TP, PartitionState] = {}
-        self.scheduler = Scheduler(self.unordered)
+        self.scheduler = Scheduler(self.unordered, keep_free=buffer_limit)
         self.outstanding: dict[int, Item] = {}
         self.retrying: set[Entry] = set()
         self.dead_letter_pending: set[Entry] = set()
@@ -122,7 +122,7 @@ class WorkCore:
         for part in gone:
             part.revoked = part.dead = True
             self.scheduler.retire(part)
-        self.scheduler.forget_dead()
+            self.scheduler.forget(part)
         self.retrying = {e for e in self.retrying if not e.part.dead}
         self.dead_letter_pending = {e for e in self.dead_letter_pending if not e.part.dead}
         self.stuck = {e: None for e in self.stuck if not e.part.dead}
@@ -138,7 +138,7 @@ class WorkCore:
         tp: TP | None = None
         part: PartitionState | None = None
         scheduler = self.scheduler
-        shards, ready = scheduler.shards, scheduler.ready
+        ready, free = scheduler.ready, scheduler.free
         key_ordered, null_keys_unordered = self.key_ordered, self.null_keys_unordered
         delay = self.process_delay if with_timestamps else 0.0
         for message in messages:
@@ -160,14 +160,23 @@ class WorkCore:
                 part.counts.restored_skips += 1
                 part.complete(offset, now)
                 continue
+            # A shard's key is unique within its partition: the record's key (KEY ordering;
+            # a null key alone with its offset when null keys are unordered), else None.
             if not key_ordered:
-                shard_key: object = tp
+                shard_key: object = None
             else:
-                key = message.key()
-                shard_key = (tp, None, offset) if key is None and null_keys_unordered else (tp, key)
+                shard_key = message.key()
+                if shard_key is None and null_keys_unordered:
+                    shard_key = (None, offset)
+            shards = part.shards
             shard = shards.get(shard_key)
-            if shard is None:
-                shard = shards[shard_key] = scheduler.new_shard(shard_key, part)
+            if shard is None:  # the common case with many keys: a recycled empty shard
+                if free:
+                    shard = free.pop()
+                    shard.key, shard.part = shard_key, part
+                else:
+                    shard = Shard(shard_key, part)
+                shards[shard_key] = shard
             not_before = 0.0
             if delay:
                 kind, stamp = message.timestamp()
@@ -239,16 +248,21 @@ class WorkCore:
                     part.complete(entry.offset, now)
         else:
             outcome = self._apply_failures(entries, results, now)
+        scheduler = self.scheduler
         if self.unordered:
             for shard in shards:
                 if shard.state == IDLE and not shard.queue:
-                    self.scheduler.discard(shard)
+                    scheduler.discard(shard)
         else:
             last = None
             for entry in item.entries:
-                if entry.shard is not last:
-                    last = entry.shard
-                    self.scheduler.hand_back(last, now)
+                shard = entry.shard
+                if shard is not last:
+                    last = shard
+                    if shard.queue or shard.state != RUNNING or shard.part.revoked:
+                        scheduler.hand_back(shard, now)
+                    else:  # the common case: nothing more of its key
+                        scheduler.discard(shard)
         return outcome
 
     def _apply_failures(

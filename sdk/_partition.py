@@ -80,6 +80,7 @@ class PartitionState:
         "restored",
         "revoked",
         "sent",
+        "shards",
         "start",
         "tp",
     )
@@ -98,6 +99,7 @@ class PartitionState:
         self.highest = -1
         self.restored = deque(r for r in restored if start is None or r[1] > start)
         self.limit: int | None = None  # release limit (watermark); None: everything
+        self.shards: dict[object, Shard] = {}  # by key within the partition (sdk._core)
         self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
         self.blocked_since: float | None = None
         self.head_since = now  # when the lowest incomplete offset became the lowest

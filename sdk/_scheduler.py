@@ -27,58 +27,54 @@ from sdk._shards import (
 if TYPE_CHECKING:
     from sdk._partition import PartitionState
 
-_FREE_SHARDS = 4096
-"""Empty ordered shards kept for reuse (KEY ordering needs one for almost every record)."""
-
 
 class Scheduler:
-    def __init__(self, unordered: bool) -> None:
+    def __init__(self, unordered: bool, keep_free: int = 10_000) -> None:
+        """``keep_free``: how many empty ordered shards are kept for reuse (KEY ordering
+        needs one for almost every record; the buffer's size keeps every shard of a full
+        buffer, so a new one is rarely built and memory stays within what a full buffer
+        took)."""
         self.unordered = unordered
-        self.shards: dict[object, Shard] = {}
+        self.keep_free = keep_free
         self.ready: deque[Shard] = deque()  # READY shards: live partitions, records queued
         self.timers = Timers()  # WAITING shards
-        self._free: list[Shard] = []
+        self.free: list[Shard] = []  # empty ordered shards for reuse
 
     # ---- shards come and go -------------------------------------------------------------
-
-    def new_shard(self, key: object, part: PartitionState) -> Shard:
-        if self._free:
-            shard = self._free.pop()
-            shard.key = key
-            shard.part = part
-            return shard
-        return Shard(key, part)
 
     def discard(self, shard: Shard) -> None:
         """An empty shard nobody owns: forget it (ordered shards are recycled)."""
         shard.state = IDLE
-        if self.shards.get(shard.key) is shard:
-            del self.shards[shard.key]
+        shards = shard.part.shards
+        if shards.get(shard.key) is shard:
+            del shards[shard.key]
             # An UNORDERED shard may still be referenced by several items: never recycled.
-            if not self.unordered and len(self._free) < _FREE_SHARDS:
-                self._free.append(shard)
+            if not self.unordered and len(self.free) < self.keep_free:
+                self.free.append(shard)
 
     def retire(self, part: PartitionState) -> None:
         """A partition was revoked: its shards leave scheduling at once (RUNNING ones when
         their item is handed back)."""
-        for shard in self.shards.values():
-            if shard.part is part and shard.state != RUNNING:
+        for shard in part.shards.values():
+            if shard.state != RUNNING:
                 shard.state = DEAD
         part.blocked = []
         if any(shard.part is part for shard in self.ready):
             self.ready = deque(s for s in self.ready if s.part is not part)
         self.timers.purge()
 
-    def forget_dead(self) -> None:
-        """Remove the shards of dropped partitions."""
-        for key in [k for k, shard in self.shards.items() if shard.part.dead]:
-            self.shards.pop(key).state = DEAD
+    def forget(self, part: PartitionState) -> None:
+        """A partition was dropped: forget its shards (items still running one of them find
+        it DEAD when they are handed back)."""
+        for shard in part.shards.values():
+            shard.state = DEAD
+        part.shards = {}
 
     def alone(self, entry: Entry, kind: str) -> None:
         """UNORDERED: a failed record waits in a shard of its own (``kind`` "retry": until
         its retry is due; "stuck": until its partition goes), holding nothing else up."""
-        key = (kind, entry.part.tp, entry.offset)
-        shard = self.shards[key] = Shard(key, entry.part)
+        key = (kind, entry.offset)
+        shard = entry.part.shards[key] = Shard(key, entry.part)
         entry.shard = shard
         shard.queue.append(entry)
         if entry.part.revoked:

@@ -54,7 +54,8 @@ class Shard:
         self.state = IDLE
 
     def __repr__(self) -> str:
-        return f"Shard({self.key!r}, {STATE_NAMES[self.state]}, {len(self.queue)} queued)"
+        where = self.part.tp if self.part is not None else "?"
+        return f"Shard({where}, {self.key!r}, {STATE_NAMES[self.state]}, {len(self.queue)} queued)"
 
 
 class Entry:

@@ -348,8 +348,11 @@ class CoreMachine(RuleBasedStateMachine):
         assert len(set(map(id, parked))) == len(parked), "a shard is twice in the timers"
         blocked = [s for p in self.core.partitions.values() for s in p.blocked]
         running = {id(e.shard) for item in self.core.outstanding.values() for e in item.entries}
-        for shard in scheduler.shards.values():
-            assert shard.part.tp in self.core.partitions and not shard.part.dead
+        every = [(p, k, s) for p in self.core.partitions.values() for k, s in p.shards.items()]
+        for shard in ready + blocked:
+            assert shard.part.shards.get(shard.key) is shard, f"{shard} is not in its partition"
+        for part, key, shard in every:
+            assert shard.part is part and shard.key == key and not part.dead, shard
             state = shard.state
             assert (state == READY) == any(s is shard for s in ready), shard
             assert (state == WAITING) == any(s is shard for s in parked), shard

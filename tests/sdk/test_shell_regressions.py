@@ -236,10 +236,7 @@ def test_a_poison_head_with_other_keys_completing_keeps_memory_within_the_buffer
         for item in shell.running():
             shell.finish(
                 item,
-                [
-                    RetriableError("no") if e.shard.key[1] == b"poison" else None
-                    for e in item.entries
-                ],
+                [RetriableError("no") if e.shard.key == b"poison" else None for e in item.entries],
             )
         shell.turn(seconds=0.02)
         assert shell.engine.core.held() <= 50
