@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent / "results"
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # files get whole tables
 
 
 def machine() -> dict[str, Any]:

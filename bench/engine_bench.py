@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -61,6 +64,92 @@ ASYNC_FIGURES = {
     0.100: {"java parallel consumer": 968, "kpipe": 5_228},
 }
 CONSUMER = {"session.timeout.ms": 6000, "auto.offset.reset": "earliest"}
+
+PEER = "pyrallel-consumer==1.0.0"
+PEER_VENV = Path(__file__).resolve().parent / ".peer-venv"
+PEER_SCRIPT = Path(__file__).resolve().parent / "pyrallel_peer.py"
+
+
+def _peer_env() -> dict[str, str]:
+    """The environment of the peer's interpreter: none of this project on its path."""
+    return {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+
+
+class Peer:
+    """pyrallel-consumer, the Python peer, in a virtualenv of its own (it needs Python 3.12
+    or later). ``python`` is None when it cannot be set up; ``note`` then says why."""
+
+    def __init__(self, python: str | None) -> None:
+        self.python: str | None = None
+        self.note = ""
+        try:
+            self.python = self._setup(python)
+        except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
+            self.note = f"pyrallel-consumer skipped: {exc}"
+
+    @staticmethod
+    def _setup(python: str | None) -> str:
+        venv_python = PEER_VENV / "bin" / "python"
+        if python is None and venv_python.exists():
+            return str(venv_python)
+        check = "import sys; sys.exit(sys.version_info < (3, 12))"
+        candidates = [python] if python else ["python3.13", "python3.12", "python3"]
+        base = next(
+            (
+                found
+                for name in candidates
+                if (found := shutil.which(name))
+                and subprocess.run(
+                    [found, "-c", check], check=False, capture_output=True
+                ).returncode
+                == 0
+            ),
+            None,
+        )
+        if base is None:
+            tried = ", ".join(candidates)
+            raise RuntimeError(f"no Python 3.12 or later among {tried} (pass --peer-python)")
+        console.print(f"setting up {PEER} in {PEER_VENV.name}/ with {base}")
+        subprocess.run([base, "-m", "venv", str(PEER_VENV)], check=True, env=_peer_env())
+        installed = subprocess.run(
+            [str(venv_python), "-m", "pip", "install", "-q", PEER],
+            capture_output=True, text=True, env=_peer_env(), check=False,
+        )  # fmt: skip
+        if installed.returncode != 0:
+            shutil.rmtree(PEER_VENV, ignore_errors=True)
+            raise RuntimeError(f"pip install {PEER} failed: {installed.stderr.strip()[-300:]}")
+        return str(venv_python)
+
+    @classmethod
+    def missing(cls, why: str) -> Peer:
+        peer = cls.__new__(cls)
+        peer.python, peer.note = None, f"pyrallel-consumer skipped: {why}"
+        return peer
+
+    def run(
+        self,
+        bootstrap: str,
+        topic: str,
+        expected: int,
+        ordering: str,
+        concurrency: int,
+        workload: str,
+    ) -> dict[str, Any] | None:
+        """One run (see bench/pyrallel_peer.py), or None if the peer is missing or failed."""
+        if self.python is None:
+            return None
+        mode = {"key": "key_hash"}.get(ordering, ordering)
+        args = [bootstrap, topic, str(expected), mode, str(concurrency), workload]
+        try:
+            done = subprocess.run(
+                [self.python, str(PEER_SCRIPT), *args],
+                check=True, capture_output=True, text=True, timeout=900, env=_peer_env(),
+            )  # fmt: skip
+            return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+            stderr = getattr(exc, "stderr", "") or ""
+            console.print(f"[yellow]pyrallel-consumer failed on {topic}: {exc} {stderr[-500:]}")
+            return None
 
 
 def create_topic(admin: AdminClient, name: str, partitions: int) -> None:
@@ -189,7 +278,7 @@ def ideal_bound(
     return max(longest, total / concurrency)
 
 
-def pc_table(bootstrap: str, admin: AdminClient, records: int) -> list[dict[str, Any]]:
+def pc_table(bootstrap: str, admin: AdminClient, records: int, peer: Peer) -> list[dict[str, Any]]:
     cases: list[tuple[str, int | None]] = [("partition", None)]
     cases += [("key", k) for k in (1, 2, 5, 10, 20, 50, 100, 1000, 10000)]
     cases.append(("unordered", None))
@@ -204,21 +293,28 @@ def pc_table(bootstrap: str, admin: AdminClient, records: int) -> list[dict[str,
         stats = run_engine(bootstrap, topic, handler, options, records)
         duration = handler.last - (handler.first or handler.last)
         bound = ideal_bound(handler.slept, keys, ordering, 100)
-        rows.append(
-            {
-                "ordering": ordering,
-                "keys": keys,
-                "seconds": round(duration, 3),
-                "ideal_seconds": round(bound, 3),
-                "ratio_to_ideal": round(duration / bound, 3),
-                "pauses": stats.get("pauses"),
-                "java_seconds": JAVA_FIGURES[(ordering, keys)],
-            }
-        )
+        row = {
+            "ordering": ordering,
+            "keys": keys,
+            "seconds": round(duration, 3),
+            "ideal_seconds": round(bound, 3),
+            "ratio_to_ideal": round(duration / bound, 3),
+            "pauses": stats.get("pauses"),
+            "java_seconds": JAVA_FIGURES[(ordering, keys)],
+        }
+        ran = peer.run(bootstrap, topic, records, ordering, 100, "sleep")
+        if ran is not None:
+            slept = {int(offset): seconds for offset, seconds in ran["slept"].items()}
+            row["pyrallel_seconds"] = round(ran["seconds"], 3)
+            row["pyrallel_ratio_to_ideal"] = round(
+                ran["seconds"] / ideal_bound(slept, keys, ordering, 100), 3
+            )
+        rows.append(row)
     table(
         f"Parallel Consumer comparison: {records:,} records, 0-5 ms each, concurrency 100, "
-        "default options",
-        ["ordering", "keys", "seconds", "ideal s", "x ideal", "pauses", "Java s"],
+        "default options (pyrallel-consumer: its defaults, max_in_flight=100, awaited sleeps)",
+        ["ordering", "keys", "seconds", "ideal s", "x ideal", "pauses", "pyrallel s",
+         "pyrallel x ideal", "Java s"],
         [
             [
                 r["ordering"],
@@ -227,11 +323,13 @@ def pc_table(bootstrap: str, admin: AdminClient, records: int) -> list[dict[str,
                 r["ideal_seconds"],
                 r["ratio_to_ideal"],
                 r["pauses"],
+                r.get("pyrallel_seconds", "-"),
+                r.get("pyrallel_ratio_to_ideal", "-"),
                 r["java_seconds"],
             ]
             for r in rows
         ],
-    )
+    )  # fmt: skip
     return rows
 
 
@@ -316,7 +414,16 @@ def engine_rate(
     return expected / (time.perf_counter() - handler.first), stats.get("pauses", 0)
 
 
-def throughput(bootstrap: str, admin: AdminClient, records: int, rounds: int) -> dict[str, Any]:
+PEER_WORKLOADS = {
+    "pyrallel-consumer, KEY (key_hash), single record": ("key", "KEY, single record"),
+    "pyrallel-consumer, UNORDERED, single record": ("unordered", "UNORDERED, single record"),
+}
+"""The peer's runs in the throughput table, and the engine's row each is compared with."""
+
+
+def throughput(
+    bootstrap: str, admin: AdminClient, records: int, rounds: int, peer: Peer
+) -> dict[str, Any]:
     topic = f"throughput-{random.randrange(10**9)}"
     create_topic(admin, topic, 12)
     keys = [f"key-{i}".encode() for i in range(100_000)]
@@ -342,11 +449,16 @@ def throughput(bootstrap: str, admin: AdminClient, records: int, rounds: int) ->
             rate, paused = engine_rate(bootstrap, topic, records, *variant)
             results[name].append(rate)
             pauses[name] = max(pauses.get(name, 0), paused)
-    best = {name: max(rates) for name, rates in results.items()}
+        for name, (ordering, _) in PEER_WORKLOADS.items():
+            ran = peer.run(bootstrap, topic, records, ordering, 16, "noop")
+            if ran is not None:
+                results.setdefault(name, []).append(records / ran["seconds"])
+    best = {name: max(rates) for name, rates in results.items() if rates}
     fast, same = (best[name] for name in plains)
     table(
         f"No-op throughput: {records:,} records, 12 partitions, 100k keys, best of {rounds}; "
-        "engine: default options, max_concurrency=16",
+        "engine: default options, max_concurrency=16; pyrallel-consumer: its defaults, "
+        "max_in_flight=16",
         ["consumer", "records/s", "x plain (stored when handed out)", "x plain (stored after)",
          "pauses"],
         [
@@ -509,22 +621,49 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller and shorter runs")
     parser.add_argument("--only", choices=["pc", "throughput", "async", "memory"])
     parser.add_argument("--broker", choices=sorted(BROKERS), default="tansu")
+    parser.add_argument(
+        "--peer-python",
+        help="a Python >= 3.12 to install pyrallel-consumer with (default: python3.13 or "
+        "python3.12 on PATH; the virtualenv is kept in bench/.peer-venv/)",
+    )
+    parser.add_argument("--no-peer", action="store_true", help="skip pyrallel-consumer")
     args = parser.parse_args()
     results: dict[str, Any] = {"broker": args.broker}
     verdict = []
+    peer = Peer(args.peer_python) if not args.no_peer else Peer.missing("--no-peer")
+    if peer.note:
+        console.print(f"[yellow]{peer.note}")
+    results["pyrallel_consumer"] = peer.note or PEER
     with BROKERS[args.broker]() as broker:
         bootstrap = broker.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
         if args.only in (None, "pc"):
-            rows = results["comparison"] = pc_table(bootstrap, admin, 10_000)
+            rows = results["comparison"] = pc_table(bootstrap, admin, 10_000, peer)
             worst = max(r["ratio_to_ideal"] for r in rows)
             verdict.append(
                 (f"every comparison row within 1.10x of ideal (worst {worst})", worst <= 1.10)
             )
+            raced = [r for r in rows if "pyrallel_seconds" in r]
+            if raced:
+                behind = [r for r in raced if r["seconds"] >= r["pyrallel_seconds"]]
+                verdict.append(
+                    (
+                        f"ahead of pyrallel-consumer on every comparison row ({len(behind)} not)",
+                        not behind,
+                    )
+                )
         if args.only in (None, "throughput"):
             tp = results["throughput"] = throughput(
-                bootstrap, admin, 300_000 if args.quick else 1_000_000, 1 if args.quick else 2
+                bootstrap,
+                admin,
+                300_000 if args.quick else 1_000_000,
+                1 if args.quick else 2,
+                peer,
             )
+            for name, (_, ours) in PEER_WORKLOADS.items():
+                if name in tp["records_per_second"]:
+                    theirs, mine = tp["records_per_second"][name], tp["records_per_second"][ours]
+                    verdict.append((f"{ours}: ahead of pyrallel-consumer", mine > theirs))
             for baseline in ("vs_plain_stored_when_handed_out", "vs_plain_stored_after_processing"):
                 single = tp["ratios"]["KEY, single record"][baseline]
                 batch = tp["ratios"]["KEY, batch of 500"][baseline]
