@@ -7,16 +7,20 @@
    next to the Java library's published figure. Target: every row within 1.10x of its bound.
 2. No-op handler throughput over 1,000,000 records on 12 partitions next to a plain
    confluent-kafka consume loop in the same run (ratio). Targets: KEY single-record >= 0.35,
-   KEY batch >= 0.60, UNORDERED single-record >= 0.45.
+   KEY batch >= 0.60, UNORDERED single-record >= 0.45. Then the consumer thread's Python time
+   per record in the engine's pure core, without a broker (``--only core``: the part of a
+   record's cost that is the engine's own, and much less noisy than end-to-end rates).
 3. Simulated I/O with coroutine handlers: asyncio.sleep of 1, 10 and 100 ms per record,
    25,000 records, KEY ordering over 10,000 keys, concurrency 1,000 and 5,000.
 4. Peak memory with a backlog of 1,000,000 records and a handler that blocks.
 
 Every engine runs with default options but for what the workload names (ordering, the
-concurrency, a batch size); a tuned variant says what it changed.
+concurrency, a batch size); a tuned variant says what it changed. pyrallel-consumer, the
+Python peer, runs in the comparison table and the throughput table where it can be installed
+(see ``Peer``; ``--no-peer`` skips it).
 
-Run: ``python -m bench.engine_bench [--quick] [--only pc|throughput|async|memory]
-[--broker tansu|noida]``.
+Run: ``python -m bench.engine_bench [--quick] [--only pc|throughput|core|async|memory]
+[--broker tansu|noida] [--peer-python PYTHON | --no-peer]``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from rich.progress import Progress, track
 from bench._report import console, table, write
 from gate._local import BROKERS
 from sdk import Options, Ordering, ParallelConsumer
+from sdk._core import WorkCore
+from sdk._shards import ItemShape
 
 # The Java library's README, same workload (10,000 records, 0-5 ms, concurrency 100).
 JAVA_FIGURES = {
@@ -82,6 +88,7 @@ class Peer:
     def __init__(self, python: str | None) -> None:
         self.python: str | None = None
         self.note = ""
+        self.stalls: list[str] = []  # runs that stopped making progress
         try:
             self.python = self._setup(python)
         except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
@@ -124,6 +131,7 @@ class Peer:
     def missing(cls, why: str) -> Peer:
         peer = cls.__new__(cls)
         peer.python, peer.note = None, f"pyrallel-consumer skipped: {why}"
+        peer.stalls = []
         return peer
 
     def run(
@@ -145,7 +153,15 @@ class Peer:
                 [self.python, str(PEER_SCRIPT), *args],
                 check=True, capture_output=True, text=True, timeout=900, env=_peer_env(),
             )  # fmt: skip
-            return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+            outcome: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+            if outcome["stalled"]:
+                console.print(
+                    f"[yellow]pyrallel-consumer stalled on {topic} after {outcome['records']:,} "
+                    f"of {expected:,} records (no progress for 30 s)"
+                )
+                self.stalls.append(f"{topic}: {outcome['records']} of {expected}")
+                return None
+            return outcome
         except (subprocess.SubprocessError, ValueError, IndexError) as exc:
             stderr = getattr(exc, "stderr", "") or ""
             console.print(f"[yellow]pyrallel-consumer failed on {topic}: {exc} {stderr[-500:]}")
@@ -450,15 +466,17 @@ def throughput(
             results[name].append(rate)
             pauses[name] = max(pauses.get(name, 0), paused)
         for name, (ordering, _) in PEER_WORKLOADS.items():
-            ran = peer.run(bootstrap, topic, records, ordering, 16, "noop")
+            # Its default max_in_flight (1,000): with 16, its unordered run had not finished
+            # 300,000 records after two minutes (a no-op handler needs no concurrency).
+            ran = peer.run(bootstrap, topic, records, ordering, 0, "noop")
             if ran is not None:
                 results.setdefault(name, []).append(records / ran["seconds"])
     best = {name: max(rates) for name, rates in results.items() if rates}
     fast, same = (best[name] for name in plains)
     table(
         f"No-op throughput: {records:,} records, 12 partitions, 100k keys, best of {rounds}; "
-        "engine: default options, max_concurrency=16; pyrallel-consumer: its defaults, "
-        "max_in_flight=16",
+        "engine: default options, max_concurrency=16; pyrallel-consumer: its defaults "
+        "(asyncio, max_in_flight=1,000)",
         ["consumer", "records/s", "x plain (stored when handed out)", "x plain (stored after)",
          "pauses"],
         [
@@ -474,6 +492,79 @@ def throughput(
         for name, rate in best.items()
     }
     return {"records_per_second": best, "ratios": ratios, "pauses": pauses, "runs": results}
+
+
+class _Message:
+    """Just what the core reads of a confluent-kafka message."""
+
+    __slots__ = ("_key", "_offset", "_partition")
+
+    def __init__(self, partition: int, offset: int, key: bytes) -> None:
+        self._partition, self._offset, self._key = partition, offset, key
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return self._key
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+def core_cost(records: int = 300_000, rounds: int = 3) -> list[dict[str, Any]]:
+    """The consumer thread's Python time per record in the engine's pure core, without a
+    broker or workers: records registered in fetches of 5,000 (12 partitions, 100,000 random
+    keys), taken into items 64 at a time, half of the items completed each turn, with the
+    default buffer. Best of ``rounds``."""
+    rng = random.Random(1)
+    keys = [f"key-{i}".encode() for i in range(100_000)]
+    messages = [_Message(i % 12, i // 12, keys[rng.randrange(len(keys))]) for i in range(records)]
+    fetches = [
+        sorted(messages[i : i + 5000], key=lambda m: m.partition()) for i in range(0, records, 5000)
+    ]
+    workloads = {
+        "KEY, single record": (Ordering.KEY, ItemShape(1, 1, 1)),
+        "KEY, batch of 500": (Ordering.KEY, ItemShape(500, 1, 500)),
+        "UNORDERED, single record": (Ordering.UNORDERED, ItemShape(1, 1, 1)),
+    }
+    rows = []
+    for name, (ordering, shape) in workloads.items():
+        best = float("inf")
+        for _ in range(rounds):
+            limit = Options(ordering=ordering, max_concurrency=16).buffer_limit  # default
+            core = WorkCore(ordering, buffer_limit=limit)
+            for partition in range(12):
+                core.assign(("t", partition), 0)
+            started = time.perf_counter()
+            fetched, finished, now = 0, 0, 0.0
+            running: list[Any] = []
+            while finished < records:
+                if fetched < len(fetches) and core.room(now) >= 5000:
+                    core.add_messages(fetches[fetched], now)
+                    fetched += 1
+                running += core.take(now, 64 - len(running), shape)
+                half = max(1, len(running) // 2)
+                for item in running[:half]:
+                    core.complete(item.id, [None] * len(item.entries), now)
+                    finished += len(item.entries)
+                del running[:half]
+                now += 0.001
+            best = min(best, time.perf_counter() - started)
+        rows.append({"workload": name, "us_per_record": round(best / records * 1e6, 2)})
+    table(
+        f"The core's consumer-thread time per record ({records:,} records, no broker, "
+        f"best of {rounds})",
+        ["workload", "us per record"],
+        [[r["workload"], r["us_per_record"]] for r in rows],
+    )
+    return rows
 
 
 # ---- 3. simulated I/O with coroutines ----------------------------------------------------
@@ -619,7 +710,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="smaller and shorter runs")
-    parser.add_argument("--only", choices=["pc", "throughput", "async", "memory"])
+    parser.add_argument("--only", choices=["pc", "throughput", "core", "async", "memory"])
     parser.add_argument("--broker", choices=sorted(BROKERS), default="tansu")
     parser.add_argument(
         "--peer-python",
@@ -673,6 +764,8 @@ def main() -> None:
                 verdict.append(
                     (f"UNORDERED single >= 0.45 ({baseline}: {unordered})", unordered >= 0.45)
                 )
+        if args.only in (None, "throughput", "core"):
+            results["core"] = core_cost()
         if args.only in (None, "async"):
             rows = results["async"] = async_io(bootstrap, admin, 25_000)
             for delay in (0.010, 0.100):
@@ -685,6 +778,7 @@ def main() -> None:
             results["memory"] = memory(
                 bootstrap, admin, 300_000 if args.quick else 1_000_000, 5 if args.quick else 10
             )
+    results["pyrallel_consumer_stalls"] = peer.stalls
     name = "engine" if not args.only else f"engine-{args.only}"
     write(name if args.broker == "tansu" else f"{name}-{args.broker}", results)
     if verdict:

@@ -3,10 +3,11 @@
 Runs in its own interpreter (pyrallel-consumer needs Python >= 3.12), so it imports nothing
 of this project. It consumes ``expected`` records of ``topic`` with a new consumer group and
 the library's default configuration but for the ordering and ``max_in_flight`` (its
-concurrency), with either a no-op coroutine or the comparison table's sleep (the same
+concurrency; 0 keeps the default, 1,000), with either a no-op coroutine or the comparison table's sleep (the same
 pseudo-random 0-5 ms per offset as the engine's run, awaited), and prints one JSON line:
-``{"seconds": ..., "records": ..., "slept": {offset: seconds}}`` (``slept`` only for the
-sleep workload), timed from the first record to the last.
+``{"seconds": ..., "records": ..., "stalled": ..., "slept": {offset: seconds}}`` (``slept``
+only for the sleep workload), timed from the first record to the last. A run that makes no
+progress for 30 s gives up and says ``"stalled": true``.
 
 Usage: ``python bench/pyrallel_peer.py BOOTSTRAP TOPIC EXPECTED ORDERING CONCURRENCY noop|sleep``
 with ORDERING one of key_hash, partition, unordered; ``PEER_LOG=INFO`` shows the library's
@@ -25,6 +26,8 @@ import time
 import uuid
 from typing import Any
 
+STALL_SECONDS = 30.0
+
 
 async def main(
     bootstrap: str, topic: str, expected: int, ordering: str, concurrency: int, workload: str
@@ -40,7 +43,8 @@ async def main(
     )
     config.dlq_enabled = False
     config.parallel_consumer.ordering_mode = OrderingMode(ordering)
-    config.parallel_consumer.execution.max_in_flight = concurrency
+    if concurrency > 0:  # 0: the library's default
+        config.parallel_consumer.execution.max_in_flight = concurrency
     done = asyncio.Event()
     state: dict[str, Any] = {"count": 0, "first": None, "last": 0.0, "slept": {}}
 
@@ -58,13 +62,22 @@ async def main(
 
     consumer = PyrallelConsumer(config=config, worker=worker, topic=topic)
     await consumer.start()
+    stalled = False
     try:
-        await asyncio.wait_for(done.wait(), timeout=600)
+        seen, since = -1, time.monotonic()
+        while not done.is_set():  # give up after STALL_SECONDS without progress
+            await asyncio.sleep(0.5)
+            if state["count"] != seen:
+                seen, since = state["count"], time.monotonic()
+            elif time.monotonic() - since > STALL_SECONDS:
+                stalled = True
+                break
     finally:
-        await consumer.stop()
+        await asyncio.wait_for(consumer.stop(), timeout=30)
     result: dict[str, Any] = {
-        "seconds": state["last"] - state["first"],
+        "seconds": state["last"] - (state["first"] or state["last"]),
         "records": state["count"],
+        "stalled": stalled,
     }
     if workload == "sleep":
         result["slept"] = state["slept"]
