@@ -85,10 +85,12 @@ class Peer:
     """pyrallel-consumer, the Python peer, in a virtualenv of its own (it needs Python 3.12
     or later). ``python`` is None when it cannot be set up; ``note`` then says why."""
 
-    def __init__(self, python: str | None) -> None:
+    def __init__(self, python: str | None, enabled: bool = True) -> None:
         self.python: str | None = None
-        self.note = ""
+        self.note = "" if enabled else "pyrallel-consumer skipped: --no-peer"
         self.stalls: list[str] = []  # runs that stopped making progress
+        if not enabled:
+            return
         try:
             self.python = self._setup(python)
         except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
@@ -126,13 +128,6 @@ class Peer:
             shutil.rmtree(PEER_VENV, ignore_errors=True)
             raise RuntimeError(f"pip install {PEER} failed: {installed.stderr.strip()[-300:]}")
         return str(venv_python)
-
-    @classmethod
-    def missing(cls, why: str) -> Peer:
-        peer = cls.__new__(cls)
-        peer.python, peer.note = None, f"pyrallel-consumer skipped: {why}"
-        peer.stalls = []
-        return peer
 
     def run(
         self,
@@ -714,17 +709,19 @@ def main() -> None:
     parser.add_argument("--broker", choices=sorted(BROKERS), default="tansu")
     parser.add_argument(
         "--peer-python",
-        help="a Python >= 3.12 to install pyrallel-consumer with (default: python3.13 or "
-        "python3.12 on PATH; the virtualenv is kept in bench/.peer-venv/)",
+        help="a Python >= 3.12 to install pyrallel-consumer with (default: the first of "
+        "python3.13, python3.12, python3 on PATH that is recent enough; the virtualenv is kept "
+        "in bench/.peer-venv/)",
     )
     parser.add_argument("--no-peer", action="store_true", help="skip pyrallel-consumer")
     args = parser.parse_args()
     results: dict[str, Any] = {"broker": args.broker}
     verdict = []
-    peer = Peer(args.peer_python) if not args.no_peer else Peer.missing("--no-peer")
+    raced = args.only in (None, "pc", "throughput")  # the workloads the peer runs
+    peer = Peer(args.peer_python, enabled=raced and not args.no_peer)
     if peer.note:
         console.print(f"[yellow]{peer.note}")
-    results["pyrallel_consumer"] = peer.note or PEER
+    results["pyrallel_consumer"] = (peer.note or PEER) if raced else None
     with BROKERS[args.broker]() as broker:
         bootstrap = broker.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})

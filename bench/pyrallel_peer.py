@@ -3,8 +3,9 @@
 Runs in its own interpreter (pyrallel-consumer needs Python >= 3.12), so it imports nothing
 of this project. It consumes ``expected`` records of ``topic`` with a new consumer group and
 the library's default configuration but for the ordering and ``max_in_flight`` (its
-concurrency; 0 keeps the default, 1,000), with either a no-op coroutine or the comparison table's sleep (the same
-pseudo-random 0-5 ms per offset as the engine's run, awaited), and prints one JSON line:
+concurrency; 0 keeps the default, 1,000), with either a no-op coroutine or the comparison
+table's sleep (the same pseudo-random 0-5 ms per offset as the engine's run, awaited), and
+prints one JSON line:
 ``{"seconds": ..., "records": ..., "stalled": ..., "slept": {offset: seconds}}`` (``slept``
 only for the sleep workload), timed from the first record to the last. A run that makes no
 progress for 30 s gives up and says ``"stalled": true``.
