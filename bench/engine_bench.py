@@ -722,6 +722,9 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, Any] = {"broker": args.broker}
     verdict = []
+    if args.only == "core":  # no broker needed
+        write("engine-core", {"core": core_cost()})
+        return
     raced = args.only in (None, "pc", "throughput")  # the workloads the peer runs
     peer = Peer(args.peer_python, enabled=raced and not args.no_peer)
     if peer.note:
@@ -766,8 +769,6 @@ def main() -> None:
                 verdict.append(
                     (f"UNORDERED single >= 0.45 ({baseline}: {unordered})", unordered >= 0.45)
                 )
-        if args.only in (None, "throughput", "core"):
-            results["core"] = core_cost()
         if args.only in (None, "async"):
             rows = results["async"] = async_io(bootstrap, admin, 25_000)
             for delay in (0.010, 0.100):
@@ -780,6 +781,8 @@ def main() -> None:
             results["memory"] = memory(
                 bootstrap, admin, 300_000 if args.quick else 1_000_000, 5 if args.quick else 10
             )
+    if args.only in (None, "throughput"):
+        results["core"] = core_cost()
     results["pyrallel_consumer_stalls"] = peer.stalls
     name = "engine" if not args.only else f"engine-{args.only}"
     write(name if args.broker == "tansu" else f"{name}-{args.broker}", results)

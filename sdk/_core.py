@@ -259,10 +259,7 @@ class WorkCore:
                 shard = entry.shard
                 if shard is not last:
                     last = shard
-                    if shard.queue or shard.state != RUNNING or shard.part.revoked:
-                        scheduler.hand_back(shard, now)
-                    else:  # the common case: nothing more of its key
-                        scheduler.discard(shard)
+                    scheduler.hand_back(shard, now)
         return outcome
 
     def _apply_failures(

@@ -1,9 +1,11 @@
 """Which record may start next: the shards' transitions between the states of ``sdk._shards``.
 
-The scheduler owns the shards and their containers: the ready queue (served round-robin, so
-a hot or slow shard never starves the others), the timer heap (retry and process delays) and
-the partitions' blocked lists (records at or beyond a release limit). Every method is one
-transition of the lifecycle drawn in ``sdk._shards``. Pure: no I/O, time is passed in.
+Each partition maps its shards by key (``PartitionState.shards``; the core registers new
+ones there, from the scheduler's free list of empty shards). The scheduler owns the
+containers of the states: the ready queue (served round-robin, so a hot or slow shard never
+starves the others), the timer heap (retry and process delays) and the partitions' blocked
+lists (records at or beyond a release limit). Every method is one transition of the
+lifecycle drawn in ``sdk._shards``. Pure: no I/O, time is passed in.
 """
 
 from __future__ import annotations
