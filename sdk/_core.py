@@ -207,6 +207,10 @@ class WorkCore:
         """Whether :meth:`take` may find work now (parked records that are due included)."""
         return not self.paused_all and self.scheduler.has_ready(now)
 
+    def ready_shards(self) -> int:
+        """How many shards have a record that may start now (due timers not counted)."""
+        return len(self.scheduler.ready)
+
     def next_due(self) -> float | None:
         """When the next parked record (retry or process delay) becomes due, if any."""
         return self.scheduler.timers.next_due()

@@ -199,8 +199,9 @@ class ConsumerLoop:
         if slots <= 0 or not self.core.has_ready(now):
             return
         assert self._runner is not None
-        shape = self._sizer.shape(self.core.held() - self.core.in_flight())
-        for item in self.core.take(now, slots, shape):
+        core = self.core
+        shape = self._sizer.shape(core.held() - core.in_flight(), core.ready_shards())
+        for item in core.take(now, slots, shape):
             self._runner.submit(item)
 
     # ---- inbox --------------------------------------------------------------------------

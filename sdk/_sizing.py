@@ -3,9 +3,15 @@
 Fast handlers (a full item runs in under 10 ms) get full items: one hand-off carries many
 records, and spreading them over threads would only trade the GIL back and forth. Slower
 handlers get guided self-scheduling: a quarter of the waiting records spread over the
-workers, and no more than about 10 ms of work per item, so the last records are spread
-evenly too. Handler speed is the median per-record time of recent items: robust to the odd
-item that waited for the GIL.
+workers, and no more than about 50 ms of work per item, so the last records are spread
+evenly too. (Smaller items cost more hand-offs than they save: with 100 workers and 3 ms
+handlers, 10 ms items kept a fifth of the workers waiting for the consumer's thread.)
+Handler speed is the median per-record time of recent items: robust to the odd item that
+waited for the GIL.
+
+In the ordered modes an item of a slow handler takes other keys' records only when there
+are more shards ready than workers: while every ready shard can have a worker of its own,
+joining them would run keys one after another that could run side by side.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from collections import deque
 from sdk._options import Options
 from sdk._shards import ItemShape
 
-ITEM_SECONDS = 0.01
+FULL_ITEM_SECONDS = 0.01
+"""Handlers that run a full item within this are fast: they get full items."""
+ITEM_SECONDS = 0.05
 """About how long one work item may run when handlers are slow and there is a backlog."""
 
 
@@ -39,8 +47,9 @@ class ItemSizer:
             self.record_seconds = statistics.median(samples)
             self._new = 0
 
-    def shape(self, waiting: int) -> ItemShape:
-        """The shape of the next items, with ``waiting`` records not yet started."""
+    def shape(self, waiting: int, ready: int) -> ItemShape:
+        """The shape of the next items, with ``waiting`` records not yet started, ``ready``
+        shards of them may start now."""
         options = self.options
         if options.batch_size is not None:
             # A batch holds one record per shard in the ordered modes (the handler may treat
@@ -51,15 +60,24 @@ class ItemSizer:
         if self.ordered:
             # A shard's records run one after another anyway, so a worker may take a long run
             # of them (no hand-off between them); other shards join only within ``size``.
-            return ItemShape(records=size, run=options.max_item_records, shards=size)
+            shards = size if self.fast() else max(1, min(size, ready // options.max_concurrency))
+            return ItemShape(records=size, run=options.max_item_records, shards=shards)
         return ItemShape(records=size, run=size, shards=size)
+
+    def fast(self) -> bool:
+        """Whether a full item of the handler's records runs within ``FULL_ITEM_SECONDS``."""
+        per_record = self.record_seconds
+        return (
+            per_record is not None
+            and per_record * self.options.max_item_records <= FULL_ITEM_SECONDS
+        )
 
     def size(self, waiting: int) -> int:
         per_record = self.record_seconds
         largest = self.options.max_item_records
         if per_record is None:
             return 1
-        if per_record * largest <= ITEM_SECONDS:
+        if self.fast():
             return largest
         guided = waiting // (4 * self.options.max_concurrency)
         return max(1, min(largest, guided, int(ITEM_SECONDS / per_record)))
