@@ -18,10 +18,12 @@ a named method. The rules it keeps:
   callbacks) enter, and at the full buffer every partition pauses until the engine is back
   below the reserve. A partition that holds its share and is stalled (nothing it holds can
   start, or its head has not moved for a while) is paused, and counts as its share only, so
-  it does not starve the others (unless it holds more than the buffer minus a share in
-  records that never complete: memory stays within the buffer plus one share); while the
+  it does not starve the others (memory stays within the buffer plus one share); while the
   engine holds a whole buffer, every stalled partition is paused, so the room beyond goes to
-  partitions that flow. A flowing one is not paused, because every pause throws away
+  partitions that flow. While the buffer is used up, a paused stalled partition beyond its
+  share gives back its newest records that have not started (the shell seeks back to them):
+  what stays beyond its share is a record that never completes and the completed ones after
+  it. A flowing one is not paused, because every pause throws away
   librdkafka's prefetched records and costs a refetch. Every partition also pauses while too
   many records are parked for retry, and while stopping.
 * **Revocation** stops a partition's scheduling at once; dropping it removes every trace;
@@ -37,7 +39,7 @@ from typing import Any, NamedTuple
 from sdk._failures import DEAD_LETTER, RETRY, SKIP, FailurePolicy
 from sdk._offsets import MAX_METADATA_BYTES, Ranges
 from sdk._options import Ordering
-from sdk._partition import FETCHING, PAUSED, TP, UNKNOWN, Counts, PartitionState
+from sdk._partition import FETCHING, PAUSED, STALL_AFTER, TP, UNKNOWN, Counts, PartitionState
 from sdk._scheduler import Scheduler
 from sdk._shards import IDLE, NOT_STARTED, READY, RUNNING, STUCK, Entry, Item, ItemShape, Shard
 
@@ -386,6 +388,45 @@ class WorkCore:
             if wanted != part.fetch:
                 (pause if wanted == PAUSED else resume).append(tp)
         return pause, resume
+
+    def give_back_plan(self, now: float) -> list[tuple[TP, int]]:
+        """While the buffer is used up to its reserve: the paused, stalled partitions that
+        hold more than their share, and from which offset each gives back its newest records
+        that have not started (the shell seeks there first, then :meth:`give_back`). Each
+        partition is looked at no more than once per ``STALL_AFTER``."""
+        if self.held() < self.buffer_limit - self.reserve:
+            return []
+        share = self.share()
+        plan = []
+        for tp, part in self.partitions.items():
+            if (
+                part.fetch != PAUSED
+                or part.revoked
+                or len(part.pending) <= share
+                or now - part.given_back_at < STALL_AFTER
+                or not part.stalled(now)
+            ):
+                continue
+            part.given_back_at = now
+            offset = part.unstarted_tail(share)
+            if offset is not None:
+                plan.append((tp, offset))
+        return plan
+
+    def give_back(self, tp: TP, offset: int) -> int:
+        """Forget ``tp``'s records from ``offset`` on, none of them started (the shell has
+        sought back there: they are fetched again once the partition resumes). Returns how
+        many."""
+        part = self.partitions.get(tp)
+        if part is None or part.revoked:
+            return 0
+        forgotten = self.scheduler.give_back(part, offset)
+        pending = part.pending
+        while pending and pending[-1] >= offset:
+            pending.pop()
+        part.highest = offset - 1
+        part.counts.given_back += forgotten
+        return forgotten
 
     def fetch_changed(self, paused: Iterable[TP], resumed: Iterable[TP], now: float) -> None:
         """librdkafka was told to pause ``paused`` and resume ``resumed``."""

@@ -102,6 +102,7 @@ class ConsumerLoop:
             self._commit_at = mono
             self._committer.commit(self._consumer, sync=False)
         self._apply_pauses()  # after the commit: collecting progress frees room
+        self._give_back(now)  # after the pauses: a seek before a pause could be lost
         if mono - self._stats_at >= 0.5:
             self._stats_at = mono
             self._stats = _stats.snapshot(self, now)
@@ -159,6 +160,33 @@ class ConsumerLoop:
         if messages and self._stop is None:  # while stopping, fetched records are left alone
             self._register(messages, self._time())
             self._apply_pauses()  # a large fetch may fill shares: pause before the next one
+
+    def _give_back(self, now: float) -> None:
+        """Stalled partitions beyond their share forget their newest unstarted records while
+        the buffer is used up; a seek back has them fetched again once they move."""
+        consumer = self._consumer
+        if consumer is None or self._stop is not None:
+            return
+        plan = self.core.give_back_plan(now)
+        for tp, offset in plan:
+            try:
+                consumer.seek(TopicPartition(tp[0], tp[1], offset))
+            except KafkaException as exc:
+                log.debug(
+                    "could not seek %s[%d] back to %d: keeping its records (%s)", *tp, offset, exc
+                )
+                continue
+            forgotten = self.core.give_back(tp, offset)
+            log.info(
+                "%s[%d] is stalled: gave back its %d newest records (from offset %d) to fetch "
+                "them again once it moves, so the partitions that flow have room",
+                tp[0],
+                tp[1],
+                forgotten,
+                offset,
+            )
+        if plan:
+            self._apply_pauses()  # the room freed may resume partitions paused while crowded
 
     def _put_back(self, consumer: Consumer, message: Message) -> None:
         """Seek back to a record the engine has no room for (it is fetched again later)."""

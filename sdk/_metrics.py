@@ -27,6 +27,7 @@ _COUNTS = {
     "skipped": "Records given up without a dead-letter topic (on_exhausted='skip').",
     "stuck": "Records that failed for good with nowhere to go (each is held).",
     "restored_skips": "Records skipped because the offset map said they were done before.",
+    "given_back": "Unstarted records a stalled partition forgot to make room (fetched again).",
 }
 
 

@@ -17,6 +17,9 @@
   release limit) or that record has not changed for ``STALL_AFTER`` seconds. Only a stalled
   partition is paused for using its share: pausing costs a refetch of everything librdkafka
   had prefetched (about one ``fetch.wait.max.ms``), which a flowing partition must not pay.
+* **Given back**: a paused stalled partition beyond its share may forget its newest records
+  that have not started (the shell seeks back to the first of them), so records that wait
+  behind a poison record do not take the room of partitions that flow.
 
 Pure: no I/O, time is passed in.
 """
@@ -51,6 +54,8 @@ class Counts:
     skipped: int = 0
     restored_skips: int = 0
     stuck: int = 0
+    given_back: int = 0
+    """Records forgotten unstarted by a stalled partition beyond its share (fetched again)."""
     pauses: int = 0
     """Times librdkafka was told to pause the partition."""
     paused_with_work_s: float = 0.0
@@ -68,6 +73,7 @@ class PartitionState:
         "done",
         "done_changes",
         "fetch",
+        "given_back_at",
         "head_since",
         "highest",
         "limit",
@@ -110,6 +116,7 @@ class PartitionState:
         self.sent: tuple[int | None, str] = (start, "")  # last commit handed out
         self.fetch = UNKNOWN
         self.pause_checked: float | None = None  # while paused: when last accounted for
+        self.given_back_at = -STALL_AFTER  # when its newest records were last looked at
 
     # ---- held and completed -------------------------------------------------------------
 
@@ -187,6 +194,27 @@ class PartitionState:
         if limit is not None and pending[0] >= limit:
             return True
         return now - self.head_since >= STALL_AFTER
+
+    def unstarted_tail(self, keep: int) -> int | None:
+        """The lowest offset of the newest records that have not started (queued in their
+        shard, never attempted), leaving at least ``keep`` records held; None if there are
+        none. Completed, running, retried and stuck records are never among them."""
+        excess = len(self.pending) - keep
+        if excess <= 0:
+            return None
+        unstarted = set()
+        for shard in self.shards.values():
+            for entry in reversed(shard.queue):
+                if entry.attempts:
+                    break
+                unstarted.add(entry.offset)
+        lowest = None
+        for offset in reversed(self.pending):
+            if excess <= 0 or offset not in unstarted:
+                break
+            lowest = offset
+            excess -= 1
+        return lowest
 
     def wanted_fetch(self, share: int, pressure: bool, crowded: bool, now: float) -> int:
         """PAUSED under pressure; when stalled, PAUSED at its share of the buffer, or at any

@@ -20,6 +20,7 @@ from sdk._shards import (
     READY,
     RUNNING,
     STUCK,
+    WAITING,
     Entry,
     ItemShape,
     Shard,
@@ -71,6 +72,29 @@ class Scheduler:
         for shard in part.shards.values():
             shard.state = DEAD
         part.shards = {}
+
+    def give_back(self, part: PartitionState, offset: int) -> int:
+        """Forget the queued records of ``part`` from ``offset`` on (none of them started);
+        shards left empty leave their container. Returns how many were forgotten."""
+        forgotten = 0
+        emptied = False
+        for shard in part.shards.values():
+            queue = shard.queue
+            while queue and queue[-1].offset >= offset:
+                queue.pop()
+                forgotten += 1
+            if not queue and shard.state in (READY, WAITING, BLOCKED):
+                shard.state = IDLE  # leaves its container below
+                emptied = True
+        if emptied:
+            self.ready = deque(shard for shard in self.ready if shard.state == READY)
+            self.timers.purge()
+            part.blocked = [shard for shard in part.blocked if shard.state == BLOCKED]
+            if not part.blocked:
+                part.blocked_since = None
+            for shard in [s for s in part.shards.values() if s.state == IDLE and not s.queue]:
+                self.discard(shard)
+        return forgotten
 
     def alone(self, entry: Entry, kind: str) -> None:
         """UNORDERED: a failed record waits in a shard of its own (``kind`` "retry": until

@@ -6,6 +6,8 @@ Checked after every step:
 * no record starts at or beyond its partition's release limit;
 * the committable offset never passes an incomplete record, and never goes backwards;
 * held counts equal what the model says is registered and incomplete;
+* records given back (forgotten to be fetched again) never include one that started,
+  completed or failed, and come back with the next fetch;
 * once everything succeeds, every record completes (nothing is lost or stuck).
 """
 
@@ -84,6 +86,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.records: dict[tuple[str, int], dict[int, bytes | None]] = {}  # registered
         self.complete_offsets: dict[tuple[str, int], set[int]] = {}
         self.next_offset: dict[tuple[str, int], int] = {}
+        self.given_back: dict[tuple[str, int], dict[int, bytes | None]] = {}  # to fetch again
         self.last_commit: dict[tuple[str, int], int] = {}
         self.items: dict[int, Item] = {}
         self.dead_letters: list = []
@@ -97,6 +100,7 @@ class CoreMachine(RuleBasedStateMachine):
         ranges = [(o, o + 1) for o in sorted(completed)]
         self.core.assign(tp, committed, ranges, now=self.now)
         self.records[tp] = {}
+        self.given_back.pop(tp, None)
         self.complete_offsets[tp] = set(completed)
         self.next_offset.setdefault(tp, 0)
         if committed is not None:
@@ -124,12 +128,41 @@ class CoreMachine(RuleBasedStateMachine):
         tp = (TOPIC, partition)
         if tp not in self.core.partitions:
             return
+        self.fetch_again(tp)
         offset = self.next_offset[tp] + gap  # offsets need not be contiguous
         for key in keys:
             self.records[tp][offset] = key
             self.core.add_messages([Message(tp, offset, key)], self.now)
             offset += 1
         self.next_offset[tp] = offset
+
+    def fetch_again(self, tp: tuple[str, int]) -> None:
+        """The fetch after a seek back: the records given back come first, in order."""
+        again = self.given_back.pop(tp, {})
+        for offset, key in sorted(again.items()):
+            self.records[tp][offset] = key
+            self.core.add_messages([Message(tp, offset, key)], self.now)
+
+    @rule(partition=st.integers(0, 1), keep=st.integers(0, 8))
+    def give_back(self, partition: int, keep: int) -> None:
+        """The shell sought back: the newest unstarted records are forgotten."""
+        tp = (TOPIC, partition)
+        part = self.core.partitions.get(tp)
+        if part is None or part.revoked or tp in self.given_back:
+            return
+        offset = part.unstarted_tail(keep)
+        if offset is None:
+            return
+        gone = sorted(o for o in self.records[tp] if o >= offset)
+        running = {e.offset for item in self.items.values() for e in item.entries if e.part is part}
+        queued = {e.offset: e for shard in part.shards.values() for e in shard.queue}
+        for o in gone:
+            assert o not in self.complete_offsets[tp], f"{o} is given back but was completed"
+            assert o not in running, f"{o} is given back while it runs"
+            assert o in queued and queued[o].attempts == 0, f"{o} is given back but started"
+        assert len(part.pending) - len(gone) >= keep
+        assert self.core.give_back(tp, offset) == len(gone)
+        self.given_back[tp] = {o: self.records[tp].pop(o) for o in gone}
 
     @rule(
         slots=st.integers(1, 4),
@@ -389,6 +422,8 @@ class CoreMachine(RuleBasedStateMachine):
             self.core.dead_lettered(entry, self.now)
         if self.core.stuck:
             return  # held for good by design: liveness is about everything else
+        for tp in list(self.given_back):
+            self.fetch_again(tp)
         for item_id in list(self.items):
             item = self.items.pop(item_id)
             self.core.complete(item_id, [None] * len(item.entries), self.now)

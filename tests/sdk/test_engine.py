@@ -21,7 +21,7 @@ from sdk import (
     RetriableError,
     TerminalError,
 )
-from tests.sdk.engine_support import CONSUMER, Recorder, read_all, start_engine
+from tests.sdk.engine_support import CONSUMER, Recorder, read_all, start_engine, wait_committed
 from tests.support import Kafka, unique, wait_until
 
 
@@ -362,6 +362,49 @@ def test_back_pressure_bounds_held_records_and_pauses(kafka: Kafka) -> None:
         wait_until(lambda: count["n"] == 4000, timeout=60, what="all records after release")
     finally:
         release.set()
+        engine.stop()
+
+
+def test_records_behind_a_stalled_head_are_given_back_and_fetched_again(kafka: Kafka) -> None:
+    """Partition 0 fills the buffer with one key whose first record waits 6 s for a retry:
+    once stalled, it gives back its newest records (a seek back on the paused partition),
+    the other partitions flow meanwhile, and after the retry every record of partition 0
+    runs once, in order, and is committed."""
+    topic = kafka.create_topic(3)
+    kafka.produce(topic, {0: 200}, key=lambda p, i: b"a")
+    recorder = Recorder(
+        fail=lambda r: (
+            RetriableError("not yet") if (r.partition, r.offset, r.attempt) == (0, 0, 1) else None
+        )
+    )
+    options = Options(
+        ordering=Ordering.KEY,
+        max_concurrency=4,
+        max_buffered=64,
+        retry_delay=lambda attempt, error: 6.0,
+        commit_interval=0.2,
+    )
+    engine = start_engine(kafka.bootstrap, topic, recorder, options)
+    tp0 = (topic, 0)
+    try:
+        wait_until(
+            lambda: engine.stats().get("counts", {}).get(tp0, {}).get("given_back", 0) > 0,
+            timeout=30,
+            what="records given back",
+        )
+        time.sleep(0.6)  # a fresh snapshot
+        assert engine.stats()["partitions"][tp0]["held"] <= 64 // 3
+        assert recorder.offsets(0) == [0], "a record behind the waiting head ran"
+        kafka.produce(topic, {1: 50, 2: 50})
+        wait_until(
+            lambda: {(p, o) for p in (1, 2) for o in range(50)} <= recorder.done(),
+            timeout=30,
+            what="the other partitions",
+        )
+        wait_until(lambda: len(recorder.offsets(0)) == 201, timeout=60, what="partition 0")
+        assert recorder.offsets(0) == [0, *range(200)]
+        wait_committed(kafka, engine.group, topic, {0: 200, 1: 50, 2: 50})
+    finally:
         engine.stop()
 
 

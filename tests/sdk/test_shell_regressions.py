@@ -411,3 +411,51 @@ def test_flowing_partitions_are_not_paused_when_the_buffer_fills(partitions: int
         1000 - 300 * p for p in range(partitions)
     ]
     assert all(c.pauses == 0 for c in shell.engine.core.counts.values())
+
+
+# ---- records behind a poison record are given back when others need the room ------------
+
+
+def test_records_waiting_behind_stalled_heads_are_given_back_and_fetched_again() -> None:
+    """Partition 0 took the whole buffer, all of one key, and its head waits for a retry due
+    in 30 s; partition 1's head failed for good (held). Counted at their shares, the two left
+    no room: partition 2 was never fetched. Now partition 0 gives back its newest records
+    (none started): partition 2 flows at once, and once partition 0's head succeeds, the
+    records it gave back are fetched again and each runs exactly once."""
+    shell = Shell(
+        Options(
+            ordering=Ordering.KEY,
+            max_concurrency=4,
+            max_buffered=8,
+            retry_delay=lambda attempt, error: 30.0,
+        ),
+        partitions=3,
+    )
+    share = 8 // 3
+    shell.cluster.produce(0, [b"a"] * 8)
+    shell.turn()
+    assert shell.engine.core.partitions[TP0].held == 8
+    for item in shell.running():
+        shell.fail(item, RetriableError("not yet"), {0})
+    shell.turn(times=30, seconds=0.05)  # partition 0 is stalled: its head waits
+    shell.cluster.produce(1, [b"b"] * 2)
+    shell.turn(times=2)
+    for item in shell.running():
+        shell.fail(item, TerminalError("never"), {0})
+    shell.turn(times=30, seconds=0.05)  # partition 1 is stalled too
+    shell.cluster.produce(2, [b"c", b"d", b"e"])
+    shell.finish_all(turns=40, seconds=0.05)
+    core = shell.engine.core
+    assert shell.committed(2) == 3, "partition 2 starved behind the stalled partitions"
+    assert core.partitions[TP0].held <= share
+    assert core.counts[TP0].given_back > 0
+    assert shell.committed(0) in (None, 0) and shell.committed(1) in (None, 0)
+    succeeded = []
+    for _ in range(120):  # the retry becomes due: partition 0 moves again
+        for item in shell.running():
+            succeeded += [entry.offset for entry in item.entries if entry.tp == TP0]
+            shell.finish(item)
+        shell.turn(seconds=0.3)
+    assert shell.committed(0) == 8
+    assert sorted(succeeded) == list(range(8)), "a record given back was lost or ran twice"
+    assert shell.committed(1) in (None, 0)  # its head is held for good
