@@ -74,7 +74,11 @@ class WorkCore:
         process_delay: float = 0.0,
         buffer_limit: int = 1000,
         map_limit: int = MAX_METADATA_BYTES,
+        follow_on: int = 0,
     ) -> None:
+        """``follow_on``: in the ordered modes, a record whose shard is RUNNING and may start
+        at once joins the running item (the worker runs it without a hand-off) while the
+        item holds fewer records than this; 0: never (batches: a batch has started)."""
         self.ordering = ordering
         self.unordered = ordering is Ordering.UNORDERED
         self.key_ordered = ordering is Ordering.KEY
@@ -86,6 +90,7 @@ class WorkCore:
         self.reserve = buffer_limit // 16  # room for records that arrive with callbacks
         self.full = False  # every partition paused until held() is below the reserve again
         self.map_limit = map_limit
+        self.follow_on = 0 if self.unordered else follow_on
         self.paused_all = False  # start nothing (the user's pause, or a stop)
         self.fetch_stopped = False  # pause every partition (stopping)
         self.partitions: dict[TP, PartitionState] = {}
@@ -142,6 +147,7 @@ class WorkCore:
         scheduler = self.scheduler
         ready, free = scheduler.ready, scheduler.free
         key_ordered, null_keys_unordered = self.key_ordered, self.null_keys_unordered
+        follow_on = self.follow_on
         delay = self.process_delay if with_timestamps else 0.0
         for message in messages:
             topic, number = message.topic(), message.partition()
@@ -184,8 +190,21 @@ class WorkCore:
                 kind, stamp = message.timestamp()
                 if kind:
                     not_before = stamp / 1000 + delay
-            shard.queue.append(Entry(offset, part, shard, message, not_before))
-            if shard.state == IDLE:
+            entry = Entry(offset, part, shard, message, not_before)
+            state = shard.state
+            if state == RUNNING and follow_on and not shard.queue and not self.paused_all:
+                run = shard.run
+                if (
+                    run is not None
+                    and len(run) < follow_on
+                    and not_before <= now
+                    and (part.limit is None or offset < part.limit)
+                    and part.map_cap is None
+                ):
+                    run.append(entry)  # the worker running its shard takes it next
+                    continue
+            shard.queue.append(entry)
+            if state == IDLE:
                 shard.state = READY
                 ready.append(shard)
 
@@ -241,6 +260,8 @@ class WorkCore:
         if item is None:
             return NOTHING
         entries = item.entries
+        if len(results) < len(entries):  # joined after the worker's last look: not started
+            results = [*results, *[NOT_STARTED] * (len(entries) - len(results))]
         reported = item.reported
         if reported:
             entries, results = entries[reported:], results[reported:]
@@ -281,7 +302,10 @@ class WorkCore:
                 part.counts.processed += 1
                 part.complete(entry.offset, now)
             elif result is NOT_STARTED:
-                returned.setdefault(entry.shard, []).append(entry)
+                if self.unordered:  # its shard may be gone: it waits in one of its own
+                    self.scheduler.alone(entry, "not started")
+                else:
+                    returned.setdefault(entry.shard, []).append(entry)
             else:
                 decision = self.failures.decide(entry, result, now)
                 if decision == RETRY:

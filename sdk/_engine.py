@@ -102,6 +102,7 @@ class ParallelConsumer(ConsumerLoop):
             max_retrying=options.max_retrying,
             process_delay=options.process_delay,
             buffer_limit=options.buffer_limit,
+            follow_on=0 if options.batch_size is not None else options.max_item_records,
         )
         self.paused_by_user = False
         self._time: Callable[[], float] = time.time  # the clock (replaceable in tests)

@@ -101,9 +101,10 @@ class Work:
                 log.exception("%s hook raised", name)
 
     def run(self, item: Item) -> list[Any]:
-        """Run an item's records one after another; a failure stops the rest of its shard.
-        Until a record fails, ``item.finished`` counts the records done so far (the
-        consumer's thread reads it, so a long item's commits need not wait for its end)."""
+        """Run an item's records one after another, records that join it while it runs
+        included; a failure stops the rest of its shard. Until a record fails,
+        ``item.finished`` counts the records done so far (the consumer's thread reads it, so
+        a long item's commits need not wait for its end)."""
         entries = item.entries
         if self.batch:
             return self.run_batch(entries)
@@ -218,7 +219,7 @@ class ThreadRunner:
                 log.exception("the worker failed running %d records", len(item.entries))
                 results = [exc] * len(item.entries)
             seconds = time.perf_counter() - started
-            count = len(item.entries)
+            count = max(1, len(results))  # records joined after its last look did not run
             latency.observe(seconds / count, 1 if self.work.batch else count)
             inbox.put(("done", item.id, results, seconds, count))
 
@@ -293,7 +294,6 @@ class AsyncRunner:
         """Run one item and always report it, whatever happens: a record the item did not
         get to (the runner closing) is reported as not started."""
         started = time.perf_counter()
-        count = len(item.entries)
         results: list[Any] = []
         try:
             if self.work.batch:
@@ -303,11 +303,12 @@ class AsyncRunner:
         except asyncio.CancelledError:
             pass  # the runner is closing
         except BaseException as exc:
-            log.exception("the handler loop failed running %d records", count)
-            results += [exc] * (count - len(results))
+            log.exception("the handler loop failed running %d records", len(item.entries))
+            results += [exc] * (len(item.entries) - len(results))
         finally:
             self._running -= 1
-        results += [NOT_STARTED] * (count - len(results))
+        results += [NOT_STARTED] * (len(item.entries) - len(results))
+        count = len(results)
         seconds = time.perf_counter() - started
         self.latency.observe(seconds / count, 1 if self.work.batch else count)
         if not self._finished:  # results of one loop iteration cross threads together

@@ -48,6 +48,7 @@ class Scheduler:
     def discard(self, shard: Shard) -> None:
         """An empty shard nobody owns: forget it (ordered shards are recycled)."""
         shard.state = IDLE
+        shard.run = None
         shards = shard.part.shards
         if shards.get(shard.key) is shard:
             del shards[shard.key]
@@ -71,6 +72,7 @@ class Scheduler:
         it DEAD when they are handed back)."""
         for shard in part.shards.values():
             shard.state = DEAD
+            shard.run = None
         part.shards = {}
 
     def give_back(self, part: PartitionState, offset: int) -> int:
@@ -97,8 +99,9 @@ class Scheduler:
         return forgotten
 
     def alone(self, entry: Entry, kind: str) -> None:
-        """UNORDERED: a failed record waits in a shard of its own (``kind`` "retry": until
-        its retry is due; "stuck": until its partition goes), holding nothing else up."""
+        """UNORDERED: a failed or unstarted record waits in a shard of its own (``kind``
+        "retry": until its retry is due; "not started": until the next take; "stuck": until
+        its partition goes), holding nothing else up."""
         key = (kind, entry.offset)
         shard = entry.part.shards[key] = Shard(key, entry.part)
         entry.shard = shard
@@ -147,6 +150,7 @@ class Scheduler:
                 room -= 1
             if not unordered:
                 shard.state = RUNNING
+                shard.run = entries
             elif queue:
                 ready.append(shard)
             else:
@@ -181,6 +185,7 @@ class Scheduler:
 
     def hand_back(self, shard: Shard, now: float) -> None:
         """A RUNNING shard's item is over: serve it again, park it, or forget it."""
+        shard.run = None
         if shard.state != RUNNING:
             return  # STUCK now, or its partition is gone
         if shard.part.revoked:

@@ -45,13 +45,14 @@ NOT_STARTED: Any = _NotStarted()
 class Shard:
     """Records of one ordering unit, in offset order, and the shard's state."""
 
-    __slots__ = ("key", "part", "queue", "state")
+    __slots__ = ("key", "part", "queue", "run", "state")
 
     def __init__(self, key: object, part: PartitionState) -> None:
         self.key = key
         self.part = part
         self.queue: deque[Entry] = deque()
         self.state = IDLE
+        self.run: list[Entry] | None = None  # RUNNING: the entries of the item running it
 
     def __repr__(self) -> str:
         where = self.part.tp if self.part is not None else "?"
@@ -86,11 +87,14 @@ class Entry:
 class Item:
     """Work handed to one worker: runs of records, each run consecutive records of one shard.
 
-    The cross-thread protocol is one field: the worker running the item sets ``finished`` to
-    the number of leading records that succeeded so far (it only grows, and stops growing at
-    the first failure); nothing else of an item is written by another thread. ``reported``
-    (the consumer's thread only) is how many of those the core has applied already, so a long
-    item's finished records can be committed before the item ends."""
+    The cross-thread protocol: the worker running the item sets ``finished`` to the number
+    of leading records that succeeded so far (it only grows, and stops growing at the first
+    failure), and the consumer's thread may append records to ``entries`` while the item is
+    outstanding (a RUNNING shard's next records: the worker runs them without a hand-off).
+    The worker reports one result per record it got to, in order; records appended after its
+    last look have no result and count as not started. ``reported`` (the consumer's thread
+    only) is how many finished records the core has applied already, so a long item's
+    finished records can be committed before the item ends."""
 
     __slots__ = ("entries", "finished", "id", "reported")
 

@@ -59,6 +59,7 @@ class CoreMachine(RuleBasedStateMachine):
         max_attempts=st.sampled_from([None, 1, 3]),
         on_exhausted=st.sampled_from(["dead_letter", "skip"]),
         dead_letters=st.booleans(),
+        follow_on=st.sampled_from([3, 0]),
     )
     def setup(
         self,
@@ -67,6 +68,7 @@ class CoreMachine(RuleBasedStateMachine):
         max_attempts: int | None,
         on_exhausted: str,
         dead_letters: bool,
+        follow_on: int,
     ) -> None:
         self.ordering = ordering
         self.null_keys = null_keys
@@ -81,6 +83,7 @@ class CoreMachine(RuleBasedStateMachine):
             ),
             buffer_limit=40,
             map_limit=200,
+            follow_on=follow_on,
         )
         self.now = 0.0
         self.records: dict[tuple[str, int], dict[int, bytes | None]] = {}  # registered
@@ -132,16 +135,46 @@ class CoreMachine(RuleBasedStateMachine):
         offset = self.next_offset[tp] + gap  # offsets need not be contiguous
         for key in keys:
             self.records[tp][offset] = key
-            self.core.add_messages([Message(tp, offset, key)], self.now)
+            self.add(Message(tp, offset, key))
             offset += 1
         self.next_offset[tp] = offset
+
+    @precondition(lambda self: self.items)
+    @rule(data=st.data())
+    def fetch_for_a_running_shard(self, data: st.DataObject) -> None:
+        """A record arrives for a shard whose item runs (it may join that item)."""
+        item = self.items[data.draw(st.sampled_from(sorted(self.items)))]
+        entry = item.entries[-1]
+        tp = entry.tp
+        if entry.part.dead or tp not in self.core.partitions or tp in self.given_back:
+            return
+        key = self.records[tp][entry.offset]
+        offset = self.next_offset[tp]
+        self.records[tp][offset] = key
+        self.add(Message(tp, offset, key))
+        self.next_offset[tp] = offset + 1
+
+    def add(self, message: Message) -> None:
+        """Register a fetched record; one that joins a running item must be allowed to
+        start there: its gate released it and it runs after its shard's earlier records."""
+        lengths = {item_id: len(item.entries) for item_id, item in self.items.items()}
+        self.core.add_messages([message], self.now)
+        for item_id, item in self.items.items():
+            for entry in item.entries[lengths[item_id] :]:
+                assert entry.offset == message.offset_, "an item took a record twice"
+                limit = self.core.partitions[entry.tp].limit
+                assert limit is None or entry.offset < limit, "joined beyond the release limit"
+                shard = self.shard_of(entry.tp, entry.offset)
+                assert any(self.shard_of(e.tp, e.offset) == shard for e in item.entries[:-1]), (
+                    "a record joined an item that does not run its shard"
+                )
 
     def fetch_again(self, tp: tuple[str, int]) -> None:
         """The fetch after a seek back: the records given back come first, in order."""
         again = self.given_back.pop(tp, {})
         for offset, key in sorted(again.items()):
             self.records[tp][offset] = key
-            self.core.add_messages([Message(tp, offset, key)], self.now)
+            self.add(Message(tp, offset, key))
 
     @rule(partition=st.integers(0, 1), keep=st.integers(0, 8))
     def give_back(self, partition: int, keep: int) -> None:
@@ -234,7 +267,9 @@ class CoreMachine(RuleBasedStateMachine):
             if not entry.part.dead:
                 self.complete_offsets[entry.tp].add(entry.offset)
         failed_shards: set[object] = set()
-        for entry in item.entries[item.finished :]:
+        # Records that joined after the worker's last look get no result (not started).
+        seen = data.draw(st.integers(item.finished, len(item.entries)))
+        for entry in item.entries[item.finished : seen]:
             current = not entry.part.dead
             shard = self.shard_of(entry.tp, entry.offset) if current else None
             if current and shard in failed_shards and self.ordering is not Ordering.UNORDERED:
@@ -444,5 +479,5 @@ class CoreMachine(RuleBasedStateMachine):
             )
 
 
-CoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+CoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 TestCore = CoreMachine.TestCase

@@ -105,6 +105,7 @@ class ShellMachine(RuleBasedStateMachine):
         self.checked_commits = 0
         self.checked_letters = 0
         self.wait = 0.0
+        self.joined = 0
         self.engine: SimEngine | None = None
         self.start_engine()
 
@@ -119,6 +120,7 @@ class ShellMachine(RuleBasedStateMachine):
             self.cluster, self.clock, self.producer, self.options, gate, skipped=self.skipped
         )
         self.engine.runner.on_submit = self.started
+        self.watch_joins(self.engine)
         self.engine.sim.rebalance("assign", [(TOPIC, p) for p in range(PARTITIONS)])
         self.turn()
 
@@ -130,12 +132,29 @@ class ShellMachine(RuleBasedStateMachine):
         snapshot = Snapshot(GATE, self.version, self.clock.now, watermarks)
         gate.view.offer(snapshot, gate.sources[0].state)
 
-    def started(self, item: Item) -> None:
-        """The runner received an item: each record must be released by the gate."""
+    def started(self, item: Item, entries: list[Any] | None = None) -> None:
+        """The runner received an item (or records joined one): each record must be
+        released by the gate."""
         gate = self.engine.gate if self.engine else None
-        for entry in item.entries:
+        for entry in item.entries if entries is None else entries:
             if gate is not None and not gate.released(entry.tp[0], entry.tp[1], entry.offset):
                 self.violations.append(f"{entry} started before its gate released it")
+
+    def watch_joins(self, engine: SimEngine) -> None:
+        """Records that join a running item start there: check them as they join."""
+        core = engine.core
+        register = core.add_messages
+
+        def add_messages(messages: Any, now: float, with_timestamps: bool = False) -> None:
+            before = {item.id: len(item.entries) for item in core.outstanding.values()}
+            register(messages, now, with_timestamps)
+            for item in core.outstanding.values():
+                joined = item.entries[before.get(item.id, len(item.entries)) :]
+                if joined:
+                    self.joined += len(joined)
+                    self.started(item, joined)
+
+        core.add_messages = add_messages  # type: ignore[method-assign]
 
     def turn(self) -> None:
         """One turn of the consumer's loop; its wait must not be a spin."""
@@ -215,7 +234,9 @@ class ShellMachine(RuleBasedStateMachine):
         ordered = self.options.ordering is not Ordering.UNORDERED
         batch = self.options.batch_size is not None
         batch_outcome = data.draw(outcomes) if batch else None
-        for index, entry in enumerate(item.entries):
+        # Records that joined the item after its worker's last look get no result.
+        seen = len(item.entries) if batch else data.draw(st.integers(0, len(item.entries)))
+        for index, entry in enumerate(item.entries[: max(seen, item.finished)]):
             if index < item.finished:
                 results.append(None)
                 continue

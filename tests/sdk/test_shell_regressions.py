@@ -459,3 +459,41 @@ def test_records_waiting_behind_stalled_heads_are_given_back_and_fetched_again()
     assert shell.committed(0) == 8
     assert sorted(succeeded) == list(range(8)), "a record given back was lost or ran twice"
     assert shell.committed(1) in (None, 0)  # its head is held for good
+
+
+# ---- a running item takes its shard's next records, only those that may start ------------
+
+
+def test_a_record_of_a_running_shard_joins_its_item_only_when_it_may_start() -> None:
+    """A record whose shard is running joins that item (its worker runs it next, no new
+    item), but not one its gate has not released; a record that joined after the worker's
+    last look is reported without a result and runs in the next item."""
+    shell = Shell(Options(ordering=Ordering.KEY, max_concurrency=2), gated=True)
+    shell.open_gate(p0=1)
+    shell.cluster.produce(0, [b"a"])
+    shell.turn()
+    [first] = shell.running()
+    shell.cluster.produce(0, [b"a"])  # offset 1: not released
+    shell.turn()
+    assert [e.offset for e in first.entries] == [0], "a record joined beyond its gate"
+    shell.open_gate(p0=10)
+    shell.turn()
+    assert [e.offset for e in first.entries] == [0]  # it waits in its shard's queue
+    shell.finish(first)
+    shell.turn()
+    [second] = shell.running()
+    assert [e.offset for e in second.entries] == [1]
+    shell.cluster.produce(0, [b"a", b"b"])  # offsets 2 (joins) and 3 (another key)
+    shell.turn()
+    assert [e.offset for e in second.entries] == [1, 2]
+    assert sorted(o for _, o in shell.started) == [0, 1, 3], "the joining record got an item"
+    for item in shell.running():
+        if item is second:
+            shell.finish(item, [None])  # its worker had finished before offset 2 joined
+        else:
+            shell.finish(item)
+    shell.turn()
+    [third] = shell.running()
+    assert [e.offset for e in third.entries] == [2]
+    shell.finish_all()
+    assert shell.committed(0) == 4
