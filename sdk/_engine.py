@@ -135,7 +135,7 @@ class ParallelConsumer(ConsumerLoop):
         self._owns_gate = False
         self._watermarks_pending = threading.Event()
         self._holds = None if gate is None else Holds(gate, self.core)
-        self._fetched_at = self._commit_at = self._stats_at = -1e18
+        self._fetched_at = self._commit_at = self._stats_at = self._give_back_at = -1e18
 
     def _now(self) -> float:
         return self._time()

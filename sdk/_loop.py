@@ -41,6 +41,8 @@ _FETCH_EVERY = 0.002
 """Seconds between fetches while records are held or running."""
 _SERVE_EVERY = 0.05
 """Seconds between the polls that only serve callbacks while the buffer is used up."""
+_GIVE_BACK_EVERY = 0.1
+"""Seconds between looks for stalled partitions that could give records back."""
 _MIN_WAIT = 0.001
 """The loop never blocks for less: a timer that is due but cannot be served must not spin."""
 
@@ -73,6 +75,7 @@ class ConsumerLoop:
     _fetched_at: float
     _commit_at: float
     _stats_at: float
+    _give_back_at: float
 
     def _loop(self) -> None:
         while True:
@@ -102,7 +105,9 @@ class ConsumerLoop:
             self._commit_at = mono
             self._committer.commit(self._consumer, sync=False)
         self._apply_pauses()  # after the commit: collecting progress frees room
-        self._give_back(now)  # after the pauses: a seek before a pause could be lost
+        if mono - self._give_back_at >= _GIVE_BACK_EVERY:
+            self._give_back_at = mono
+            self._give_back(now)  # after the pauses: a seek before a pause could be lost
         if mono - self._stats_at >= 0.5:
             self._stats_at = mono
             self._stats = _stats.snapshot(self, now)
