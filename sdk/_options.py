@@ -125,7 +125,8 @@ class Options:
     offset_map_redis_url: str | None = None
     hooks: Hooks = field(default_factory=Hooks)
     max_item_records: int = 256
-    """Most records one worker takes at once (fewer when handlers are slow)."""
+    """Most records one work item holds (fewer when handlers are slow; records of a running
+    key that arrive while it runs may join it up to this many)."""
     gc_threshold: int | None = 10_000
     """While the consumer runs, Python's generation-0 garbage-collection threshold is raised
     to this (from the interpreter's 700) and put back afterwards: the engine allocates a few

@@ -4,10 +4,12 @@ against simulated clients that behave as librdkafka does (see ``simulated.py``).
 
 Hypothesis interleaves records arriving, eager and cooperative rebalances, lost partitions,
 failing commits, gate snapshots (newer, older, lower), handler successes, failures,
-cancellations and hangs, partial progress of long items, the user's pause and resume, time
-passing, dead-letter outages, and stopping and restarting. After every step it checks:
+cancellations and hangs, partial progress of long items, workers that finished before a
+record joined their item, the user's pause and resume, time passing, dead-letter outages,
+and stopping and restarting. After every step it checks:
 
-* no record starts before its dependencies committed past it (its gate released it);
+* no record starts before its dependencies committed past it (its gate released it), when
+  it is handed out or when it joins a running item;
 * no commit passes a record that was not done (processed, dead-lettered with an acknowledged
   copy, or skipped by the chosen policy), and offset maps only list done records;
 * what librdkafka was told about fetching matches what the core believes, and a partition
