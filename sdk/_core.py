@@ -194,12 +194,12 @@ class WorkCore:
             state = shard.state
             if state == RUNNING and follow_on and not shard.queue and not self.paused_all:
                 run = shard.run
+                limit = part.limit if part.map_cap is None else part.release_limit()
                 if (
                     run is not None
                     and len(run) < follow_on
                     and not_before <= now
-                    and (part.limit is None or offset < part.limit)
-                    and part.map_cap is None
+                    and (limit is None or offset < limit)
                 ):
                     run.append(entry)  # the worker running its shard takes it next
                     continue

@@ -1,8 +1,10 @@
 """Where handlers run: a pool of threads (plain functions) or one asyncio loop (coroutines).
 
 A runner receives work items from the consumer's thread and returns, through the consumer's
-inbox, one result per record: ``None`` (success), the exception raised, or ``NOT_STARTED``
-for records of a shard whose earlier record in the same item failed.
+inbox, one result per record it got to: ``None`` (success), the exception raised, or
+``NOT_STARTED`` for records of a shard whose earlier record in the same item failed. Records
+it did not get to (they joined the item after its last look, or the runner closed) have no
+result: the core counts them as not started.
 """
 
 from __future__ import annotations
@@ -291,8 +293,8 @@ class AsyncRunner:
             task.add_done_callback(self._tasks.discard)
 
     async def _run(self, item: Item) -> None:
-        """Run one item and always report it, whatever happens: a record the item did not
-        get to (the runner closing) is reported as not started."""
+        """Run one item and always report it, whatever happens: records the item did not get
+        to (the runner closing) get no result, which the core counts as not started."""
         started = time.perf_counter()
         results: list[Any] = []
         try:
@@ -307,8 +309,7 @@ class AsyncRunner:
             results += [exc] * (len(item.entries) - len(results))
         finally:
             self._running -= 1
-        results += [NOT_STARTED] * (len(item.entries) - len(results))
-        count = len(results)
+        count = max(1, len(results))  # records without a result did not run
         seconds = time.perf_counter() - started
         self.latency.observe(seconds / count, 1 if self.work.batch else count)
         if not self._finished:  # results of one loop iteration cross threads together

@@ -48,7 +48,6 @@ class Scheduler:
     def discard(self, shard: Shard) -> None:
         """An empty shard nobody owns: forget it (ordered shards are recycled)."""
         shard.state = IDLE
-        shard.run = None
         shards = shard.part.shards
         if shards.get(shard.key) is shard:
             del shards[shard.key]
@@ -72,7 +71,6 @@ class Scheduler:
         it DEAD when they are handed back)."""
         for shard in part.shards.values():
             shard.state = DEAD
-            shard.run = None
         part.shards = {}
 
     def give_back(self, part: PartitionState, offset: int) -> int:

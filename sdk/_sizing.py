@@ -56,11 +56,12 @@ class ItemSizer:
             # a batch's records in any order).
             size = options.batch_size
             return ItemShape(records=size, run=1 if self.ordered else size, shards=size)
-        size = self.size(waiting)
+        fast = self.fast()
+        size = self.size(waiting, fast)
         if self.ordered:
             # A shard's records run one after another anyway, so a worker may take a long run
             # of them (no hand-off between them); other shards join only within ``size``.
-            shards = size if self.fast() else max(1, min(size, ready // options.max_concurrency))
+            shards = size if fast else max(1, min(size, ready // options.max_concurrency))
             return ItemShape(records=size, run=options.max_item_records, shards=shards)
         return ItemShape(records=size, run=size, shards=size)
 
@@ -72,12 +73,12 @@ class ItemSizer:
             and per_record * self.options.max_item_records <= FULL_ITEM_SECONDS
         )
 
-    def size(self, waiting: int) -> int:
+    def size(self, waiting: int, fast: bool) -> int:
         per_record = self.record_seconds
         largest = self.options.max_item_records
         if per_record is None:
             return 1
-        if self.fast():
+        if fast:
             return largest
         guided = waiting // (4 * self.options.max_concurrency)
         return max(1, min(largest, guided, int(ITEM_SECONDS / per_record)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -162,7 +163,7 @@ class CoreMachine(RuleBasedStateMachine):
         for item_id, item in self.items.items():
             for entry in item.entries[lengths[item_id] :]:
                 assert entry.offset == message.offset_, "an item took a record twice"
-                limit = self.core.partitions[entry.tp].limit
+                limit = self.core.partitions[entry.tp].release_limit()  # watermark or map cap
                 assert limit is None or entry.offset < limit, "joined beyond the release limit"
                 shard = self.shard_of(entry.tp, entry.offset)
                 assert any(self.shard_of(e.tp, e.offset) == shard for e in item.entries[:-1]), (
@@ -481,3 +482,22 @@ class CoreMachine(RuleBasedStateMachine):
 
 CoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 TestCore = CoreMachine.TestCase
+
+
+@pytest.mark.parametrize("holds_back", ["watermark", "offset map cap"])
+def test_a_record_joins_a_running_item_only_below_its_release_limit(holds_back: str) -> None:
+    """The join of a running shard's next record follows the same release limit as take():
+    the gate's watermark, or the end of an offset map near its size limit."""
+    core = WorkCore(Ordering.KEY, follow_on=8)
+    tp = (TOPIC, 0)
+    core.assign(tp, None)
+    core.add_messages([Message(tp, 0, b"a")], 0.0)
+    [item] = core.take(0.0, 1, ItemShape(8, 8, 8))
+    if holds_back == "watermark":
+        core.set_limit(tp, 2)
+    else:
+        core.partitions[tp].map_cap = 1  # records beyond offset 1 wait for the map
+    core.add_messages([Message(tp, 1, b"a"), Message(tp, 2, b"a")], 0.0)
+    assert [e.offset for e in item.entries] == [0, 1]
+    core.complete(item.id, [None, None], 0.0)
+    assert core.take(0.0, 1, ItemShape(8, 8, 8)) == []  # offset 2 waits in its shard
