@@ -41,7 +41,18 @@ from sdk._offsets import MAX_METADATA_BYTES, Ranges
 from sdk._options import Ordering
 from sdk._partition import FETCHING, PAUSED, STALL_AFTER, TP, UNKNOWN, Counts, PartitionState
 from sdk._scheduler import Scheduler
-from sdk._shards import IDLE, NOT_STARTED, READY, RUNNING, STUCK, Entry, Item, ItemShape, Shard
+from sdk._shards import (
+    IDLE,
+    LANE,
+    NOT_STARTED,
+    READY,
+    RUNNING,
+    STUCK,
+    Entry,
+    Item,
+    ItemShape,
+    Shard,
+)
 
 __all__ = ["NOT_STARTED", "TP", "Commit", "Entry", "Item", "ItemShape", "Outcome", "WorkCore"]
 
@@ -111,7 +122,9 @@ class WorkCore:
         ranges of offsets completed before (from an offset map written for ``committed``)."""
         self.drop([tp])
         counts = self.counts.setdefault(tp, Counts())
-        self.partitions[tp] = PartitionState(tp, committed, list(restored), counts, now)
+        part = self.partitions[tp] = PartitionState(tp, committed, list(restored), counts, now)
+        if self.key_ordered:
+            part.lane = part.shards[LANE] = Shard(LANE, part, lane=True)
 
     def revoke(self, tps: Iterable[TP]) -> None:
         """Start nothing more of these partitions (their in-flight records may finish)."""
@@ -176,20 +189,41 @@ class WorkCore:
                 shard_key = message.key()
                 if shard_key is None and null_keys_unordered:
                     shard_key = (None, offset)
+            not_before = 0.0
+            if delay:
+                kind, stamp = message.timestamp()
+                if kind:
+                    not_before = stamp / 1000 + delay
             shards = part.shards
             shard = shards.get(shard_key)
-            if shard is None:  # the common case with many keys: a recycled empty shard
+            if shard is None and key_ordered:
+                lane_keys = part.lane_keys
+                prior = lane_keys.get(shard_key)
+                if prior is None:  # no earlier record of its key is queued or running
+                    lane = part.lane
+                    entry = lane_keys[shard_key] = Entry(offset, part, lane, message, not_before)
+                    lane.queue.append(entry)
+                    if lane.state == IDLE:
+                        lane.state = READY
+                        ready.append(lane)
+                    continue
+                # It follows a record of its key in the lane: a shard of their own.
+                shard = scheduler.new_shard(shard_key, part)
+                queue = part.lane.queue
+                if queue and queue[0].offset <= prior.offset:  # not started: it moves too
+                    del lane_keys[shard_key]
+                    prior.shard = shard
+                    shard.queue.append(prior)
+                else:  # owned by the item running ``prior``: it may join that item
+                    shard.state = RUNNING
+                    shard.run = prior.run
+            elif shard is None:  # the common case with many keys: a recycled empty shard
                 if free:
                     shard = free.pop()
                     shard.key, shard.part = shard_key, part
                 else:
                     shard = Shard(shard_key, part)
                 shards[shard_key] = shard
-            not_before = 0.0
-            if delay:
-                kind, stamp = message.timestamp()
-                if kind:
-                    not_before = stamp / 1000 + delay
             entry = Entry(offset, part, shard, message, not_before)
             state = shard.state
             if state == RUNNING and follow_on and not shard.queue and not self.paused_all:
@@ -210,8 +244,6 @@ class WorkCore:
 
     # ---- scheduling ---------------------------------------------------------------------
 
-    # ---- scheduling ---------------------------------------------------------------------
-
     def take(self, now: float, slots: int, shape: ItemShape) -> list[Item]:
         """Up to ``slots`` work items of records that may start now (see
         :class:`~sdk._shards.ItemShape`); nothing while paused."""
@@ -229,8 +261,15 @@ class WorkCore:
         return not self.paused_all and self.scheduler.has_ready(now)
 
     def ready_shards(self) -> int:
-        """How many shards have a record that may start now (due timers not counted)."""
-        return len(self.scheduler.ready)
+        """How many shards have a record that may start now (due timers not counted); each
+        record of a lane counts as a shard."""
+        count = len(self.scheduler.ready)
+        if self.key_ordered:
+            for part in self.partitions.values():
+                lane = part.lane
+                if lane is not None and lane.state == READY:
+                    count += len(lane.queue) - 1
+        return count
 
     def next_due(self) -> float | None:
         """When the next parked record (retry or process delay) becomes due, if any."""
@@ -284,10 +323,48 @@ class WorkCore:
             last = None
             for entry in item.entries:
                 shard = entry.shard
-                if shard is not last:
+                if shard is last:
+                    continue
+                if shard.lane:
+                    self._release(entry, now)
+                else:
                     last = shard
                     scheduler.hand_back(shard, now)
         return outcome
+
+    def _lane_key(self, entry: Entry) -> object:
+        key = entry.payload.key()
+        return (None, entry.offset) if key is None and self.null_keys_unordered else key
+
+    def _release(self, entry: Entry, now: float) -> None:
+        """A lane's record is over (done, or on its way to the dead-letter topic): the next
+        record of its key, waiting in a shard owned by this record's item, may go."""
+        part = entry.part
+        if part.dead:
+            return
+        key = self._lane_key(entry)
+        if part.lane_keys.get(key) is entry:
+            del part.lane_keys[key]
+            follower = part.shards.get(key)
+            if follower is not None:
+                self.scheduler.hand_back(follower, now)
+
+    def _own_shard(self, entry: Entry) -> Shard:
+        """The shard a record returns to when it did not complete: a lane's record moves to a
+        shard of its own key, at the head of the records following it."""
+        shard = entry.shard
+        if not shard.lane:
+            return shard
+        part = entry.part
+        key = self._lane_key(entry)
+        if part.lane_keys.get(key) is entry:
+            del part.lane_keys[key]
+        own = part.shards.get(key)
+        if own is None:
+            own = self.scheduler.new_shard(key, part)
+            own.state = RUNNING  # owned by this item until it is handed back
+        entry.shard = own
+        return own
 
     def _apply_failures(
         self, entries: Sequence[Entry], results: Sequence[Any], now: float
@@ -305,7 +382,7 @@ class WorkCore:
                 if self.unordered:  # its shard may be gone: it waits in one of its own
                     self.scheduler.alone(entry, "not started")
                 else:
-                    returned.setdefault(entry.shard, []).append(entry)
+                    returned.setdefault(self._own_shard(entry), []).append(entry)
             else:
                 decision = self.failures.decide(entry, result, now)
                 if decision == RETRY:
@@ -313,7 +390,7 @@ class WorkCore:
                     if self.unordered:
                         self.scheduler.alone(entry, "retry")
                     else:
-                        returned.setdefault(entry.shard, []).append(entry)
+                        returned.setdefault(self._own_shard(entry), []).append(entry)
                 elif decision == DEAD_LETTER:
                     self.dead_letter_pending.add(entry)
                     outcome.dead_letters.append(entry)
@@ -327,7 +404,7 @@ class WorkCore:
                     if self.unordered:
                         self.scheduler.alone(entry, "stuck")
                     else:
-                        returned.setdefault(entry.shard, []).append(entry)
+                        returned.setdefault(self._own_shard(entry), []).append(entry)
         for shard, back in returned.items():
             shard.queue.extendleft(reversed(back))
             if back[0] in self.stuck and shard.state == RUNNING:
@@ -445,6 +522,8 @@ class WorkCore:
         if part is None or part.revoked:
             return 0
         forgotten = self.scheduler.give_back(part, offset)
+        if part.lane_keys:
+            part.lane_keys = {k: e for k, e in part.lane_keys.items() if e.offset < offset}
         pending = part.pending
         while pending and pending[-1] >= offset:
             pending.pop()

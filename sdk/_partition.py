@@ -76,6 +76,8 @@ class PartitionState:
         "given_back_at",
         "head_since",
         "highest",
+        "lane",
+        "lane_keys",
         "limit",
         "map_base",
         "map_cap",
@@ -106,6 +108,8 @@ class PartitionState:
         self.restored = deque(r for r in restored if start is None or r[1] > start)
         self.limit: int | None = None  # release limit (watermark); None: everything
         self.shards: dict[object, Shard] = {}  # by key within the partition (sdk._core)
+        self.lane: Shard | None = None  # KEY ordering: records no earlier record of whose key
+        self.lane_keys: dict[object, Entry] = {}  # is queued or running, by key (sdk._shards)
         self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
         self.blocked_since: float | None = None
         self.head_since = now  # when the lowest incomplete offset became the lowest
@@ -205,6 +209,8 @@ class PartitionState:
         unstarted = set()
         for shard in self.shards.values():
             for entry in reversed(shard.queue):
+                if entry.shard is not shard:
+                    continue  # a lane's stale entry: its own shard tells
                 if entry.attempts:
                     break
                 unstarted.add(entry.offset)

@@ -72,6 +72,17 @@ class Work:
         hooks = options.hooks
         self.plain = hooks.before_handle is None and hooks.after_handle is None
 
+    @staticmethod
+    def stop_mark(entry: Entry) -> object:
+        """What a failed record stops for the rest of its item: its shard's records, or for a
+        record of a lane (whose records are unrelated) the records of its key."""
+        shard = entry.shard
+        return ("key", entry.payload.key()) if shard.lane else shard
+
+    @staticmethod
+    def stopped(entry: Entry, stopped: set[object]) -> bool:
+        return entry.shard in stopped or ("key", entry.payload.key()) in stopped
+
     def record(self, entry: Entry) -> Record:
         return Record(entry.payload, entry.attempts + 1, *self.deserializers)
 
@@ -115,7 +126,7 @@ class Work:
         failed = False
         handler, plain, deserializers = self.handler, self.plain, self.deserializers
         for entry in entries:
-            if stopped and entry.shard in stopped:
+            if stopped and self.stopped(entry, stopped):
                 results.append(NOT_STARTED)
                 continue
             record = Record(entry.payload, entry.attempts + 1, *deserializers)
@@ -138,7 +149,7 @@ class Work:
                 failed = True
                 self.failed(record, error)
                 if self.ordered:
-                    stopped.add(entry.shard)
+                    stopped.add(self.stop_mark(entry))
         return results
 
     def prepare_batch(self, entries: Sequence[Entry]) -> tuple[list[Any], list[Record], list[int]]:
@@ -341,7 +352,7 @@ class AsyncRunner:
         stopped: set[object] = set()
         failed = False
         for entry in item.entries:
-            if stopped and entry.shard in stopped:
+            if stopped and work.stopped(entry, stopped):
                 results.append(NOT_STARTED)
                 continue
             record = work.record(entry)
@@ -359,7 +370,7 @@ class AsyncRunner:
                 failed = True
                 work.failed(record, error)
                 if work.ordered:
-                    stopped.add(entry.shard)
+                    stopped.add(work.stop_mark(entry))
 
     async def _run_batch(self, entries: Sequence[Entry]) -> list[Any]:
         work = self.work

@@ -45,9 +45,23 @@ class Scheduler:
 
     # ---- shards come and go -------------------------------------------------------------
 
+    def new_shard(self, key: object, part: PartitionState) -> Shard:
+        """An empty IDLE ordered shard for ``key`` (recycled when one is free), registered in
+        its partition."""
+        if self.free:
+            shard = self.free.pop()
+            shard.key, shard.part = key, part
+        else:
+            shard = Shard(key, part)
+        part.shards[key] = shard
+        return shard
+
     def discard(self, shard: Shard) -> None:
-        """An empty shard nobody owns: forget it (ordered shards are recycled)."""
+        """An empty shard nobody owns: forget it (ordered shards are recycled; a lane stays
+        with its partition)."""
         shard.state = IDLE
+        if shard.lane:
+            return
         shards = shard.part.shards
         if shards.get(shard.key) is shard:
             del shards[shard.key]
@@ -81,8 +95,8 @@ class Scheduler:
         for shard in part.shards.values():
             queue = shard.queue
             while queue and queue[-1].offset >= offset:
-                queue.pop()
-                forgotten += 1
+                if queue.pop().shard is shard:  # a lane's stale entries are counted elsewhere
+                    forgotten += 1
             if not queue and shard.state in (READY, WAITING, BLOCKED):
                 shard.state = IDLE  # leaves its container below
                 emptied = True
@@ -129,6 +143,14 @@ class Scheduler:
             shard = ready.popleft()
             queue = shard.queue
             part = shard.part
+            lane = shard.lane
+            side_by_side = unordered or lane
+            if lane:
+                while queue and queue[0].shard is not shard:
+                    queue.popleft()  # moved to a shard of its own (a record of its key followed)
+                if not queue:
+                    shard.state = IDLE
+                    continue
             head = queue[0]
             if head.not_before > now:
                 timers.park(shard, head.not_before)
@@ -137,23 +159,34 @@ class Scheduler:
             if limit is not None and head.offset >= limit:
                 self.block(shard, now)
                 continue
-            room = min(max_run, max_records - len(entries)) if entries else max_run
-            while room and queue:
+            if side_by_side:  # every record counts as a run of its own
+                room = min(max_records - len(entries), max_shards - runs)
+            else:
+                room = min(max_run, max_records - len(entries)) if entries else max_run
+            taken = 0
+            while taken < room and queue:
                 entry = queue[0]
                 if entry.not_before > now or (limit is not None and entry.offset >= limit):
                     break
-                entries.append(queue.popleft())
+                queue.popleft()
+                if entry.shard is not shard:
+                    continue  # a lane's stale entry
+                if lane:
+                    entry.run = entries  # the next record of its key may join it there
+                entries.append(entry)
                 if entry.attempts:
                     retrying.discard(entry)
-                room -= 1
-            if not unordered:
+                taken += 1
+            if side_by_side:
+                runs += taken
+                if queue:
+                    ready.append(shard)
+                else:
+                    shard.state = IDLE
+            else:
+                runs += 1
                 shard.state = RUNNING
                 shard.run = entries
-            elif queue:
-                ready.append(shard)
-            else:
-                shard.state = IDLE
-            runs += 1
             if len(entries) >= max_records or runs >= max_shards:
                 items.append(entries)
                 entries = []

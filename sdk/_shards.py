@@ -1,8 +1,14 @@
 """Shards, the records they queue, and the work items handed to workers.
 
 A **shard** is the unit of ordering: a partition (PARTITION ordering), a (partition, key)
-(KEY ordering), or a partition whose records may all run at once (UNORDERED). It queues its
-records in offset order and is always in exactly one of these states::
+(KEY ordering), or a partition whose records may all run at once (UNORDERED). In KEY
+ordering each partition also has a **lane**: the records whose key has no earlier record
+queued or running. They may run side by side (the lane holds at most one record per key), so
+the common case with many keys costs no shard per record. A record whose key's earlier record
+is in the lane gets a shard of its own: if that record has not started, it moves there too
+(it stays behind in the lane's queue as a stale entry, skipped when the lane is served);
+if it runs, the new shard is RUNNING, owned by that record's item, until the item is over.
+A shard queues its records in offset order and is always in exactly one of these states::
 
     IDLE ──records──> READY ──take──> RUNNING ──results──> READY / WAITING / IDLE
                         │  ^                                  (recycled when empty)
@@ -12,8 +18,8 @@ records in offset order and is always in exactly one of these states::
     RUNNING ──terminal failure, nowhere to send it──> STUCK (until its partition goes)
     any state ──partition dropped──> DEAD
 
-Only the ordered modes use RUNNING (one owner at a time); an UNORDERED shard stays READY
-while it has records, whoever runs them. Each state has one container (the ready queue, the
+Only the ordered modes use RUNNING (one owner at a time); an UNORDERED shard and a lane stay
+READY while they have records, whoever runs them. Each state has one container (the ready queue, the
 timer heap, the partition's blocked list, an item), and a shard leaves a container only by
 changing state, so no container ever holds a stale shard. This module holds the data; the
 transitions are :class:`~sdk._core.WorkCore`'s.
@@ -42,17 +48,22 @@ NOT_STARTED: Any = _NotStarted()
 """Result of a record a worker did not start because an earlier record of its shard failed."""
 
 
+LANE: Any = type("Lane", (), {"__repr__": lambda self: "LANE"})()
+"""The key of a partition's lane in ``PartitionState.shards`` (equal to no record's key)."""
+
+
 class Shard:
     """Records of one ordering unit, in offset order, and the shard's state."""
 
-    __slots__ = ("key", "part", "queue", "run", "state")
+    __slots__ = ("key", "lane", "part", "queue", "run", "state")
 
-    def __init__(self, key: object, part: PartitionState) -> None:
+    def __init__(self, key: object, part: PartitionState, lane: bool = False) -> None:
         self.key = key
         self.part = part
         self.queue: deque[Entry] = deque()
         self.state = IDLE
         self.run: list[Entry] | None = None  # RUNNING: the entries of the item running it
+        self.lane = lane  # KEY ordering: records of distinct keys that may run side by side
 
     def __repr__(self) -> str:
         where = self.part.tp if self.part is not None else "?"
@@ -62,7 +73,16 @@ class Shard:
 class Entry:
     """One registered record: its offset, partition, shard, the message, and its attempts."""
 
-    __slots__ = ("attempts", "last_error", "not_before", "offset", "part", "payload", "shard")
+    __slots__ = (
+        "attempts",
+        "last_error",
+        "not_before",
+        "offset",
+        "part",
+        "payload",
+        "run",
+        "shard",
+    )
 
     def __init__(
         self, offset: int, part: PartitionState, shard: Shard, payload: Any, not_before: float
@@ -74,6 +94,7 @@ class Entry:
         self.not_before = not_before
         self.attempts = 0
         self.last_error: BaseException | None = None
+        self.run: list[Entry]  # a lane's record, once taken: the entries of its item
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -111,7 +132,8 @@ class ItemShape(NamedTuple):
     An item is a list of runs. A run is up to ``run`` consecutive records of one shard (they
     run one after another on the same worker). An item holds at most ``shards`` runs; after
     its first run, further runs join only while the item stays within ``records`` records (the
-    first run alone may be longer: its records are sequential anyway)."""
+    first run alone may be longer: its records are sequential anyway). Records of an
+    UNORDERED shard or of a lane could run side by side: each counts as a run of its own."""
 
     records: int
     run: int

@@ -23,8 +23,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from sdk._core import NOT_STARTED, Item, ItemShape, WorkCore
 from sdk._failures import FailurePolicy
 from sdk._offsets import decode_offset_map, read_offset_map
-from sdk._options import Ordering
-from sdk._record import TerminalError
+from sdk._options import Options, Ordering
+from sdk._record import Record, TerminalError
+from sdk._runners import Work
 from sdk._shards import BLOCKED, DEAD, IDLE, READY, RUNNING, STUCK, WAITING
 
 TOPIC = "t"
@@ -417,6 +418,7 @@ class CoreMachine(RuleBasedStateMachine):
         assert len(set(map(id, parked))) == len(parked), "a shard is twice in the timers"
         blocked = [s for p in self.core.partitions.values() for s in p.blocked]
         running = {id(e.shard) for item in self.core.outstanding.values() for e in item.entries}
+        in_flight = {id(e) for item in self.core.outstanding.values() for e in item.entries}
         every = [(p, k, s) for p in self.core.partitions.values() for k, s in p.shards.items()]
         for shard in ready + blocked:
             assert shard.part.shards.get(shard.key) is shard, f"{shard} is not in its partition"
@@ -430,8 +432,11 @@ class CoreMachine(RuleBasedStateMachine):
                 assert shard.queue, f"{shard} has no records"
             if state == IDLE and self.ordering is not Ordering.UNORDERED:
                 assert not shard.queue, f"{shard} is idle with records"
-            if state == RUNNING:
-                assert id(shard) in running, f"{shard} runs without an item"
+            if state == RUNNING:  # in an item, or owned by the item of its key's lane record
+                owner = part.lane_keys.get(key)
+                assert id(shard) in running or (owner is not None and id(owner) in in_flight), (
+                    f"{shard} runs without an item"
+                )
             if state == STUCK:
                 assert shard.queue[0] in self.core.stuck
             assert state != DEAD
@@ -501,3 +506,50 @@ def test_a_record_joins_a_running_item_only_below_its_release_limit(holds_back: 
     assert [e.offset for e in item.entries] == [0, 1]
     core.complete(item.id, [None, None], 0.0)
     assert core.take(0.0, 1, ItemShape(8, 8, 8)) == []  # offset 2 waits in its shard
+
+
+def test_distinct_keys_run_side_by_side_from_the_lane_and_a_key_keeps_its_order() -> None:
+    """KEY ordering: records whose key has nothing queued or running share the partition's
+    lane (a batch takes many of them at once); the next record of a key that runs from the
+    lane waits for it, and a key's records that arrive together stay in one shard."""
+    core = WorkCore(Ordering.KEY)
+    tp = (TOPIC, 0)
+    core.assign(tp, None)
+    batch = ItemShape(8, 1, 8)  # a batch: one record per shard
+    core.add_messages([Message(tp, 0, b"a"), Message(tp, 1, b"b"), Message(tp, 2, b"c")], 0.0)
+    [item] = core.take(0.0, 4, batch)
+    assert [e.offset for e in item.entries] == [0, 1, 2]
+    core.add_messages([Message(tp, 3, b"a"), Message(tp, 4, b"x"), Message(tp, 5, b"x")], 0.0)
+    [other] = core.take(0.0, 4, batch)
+    assert [e.offset for e in other.entries] == [4], "a@3 waits for a@0; x@5 follows x@4"
+    core.complete(other.id, [None], 0.0)
+    assert [e.offset for i in core.take(0.0, 4, batch) for e in i.entries] == [5]
+    core.complete(item.id, [None, RuntimeError("again"), None], 0.0)
+    # b@1 failed: it is retried from a shard of its own; a@3 may go now.
+    assert sorted(e.offset for i in core.take(0.0, 4, batch) for e in i.entries) == [1, 3]
+    assert core.partitions[tp].committable() == 1
+
+
+def test_a_failed_lane_record_stops_its_key_not_the_lane() -> None:
+    """A worker running a lane's records: after one fails, the record of its key that
+    joined the item is not started; records of other keys still run."""
+    core = WorkCore(Ordering.KEY, follow_on=8)
+    tp = (TOPIC, 0)
+    core.assign(tp, None)
+    core.add_messages([Message(tp, 0, b"a"), Message(tp, 1, b"b")], 0.0)
+    [item] = core.take(0.0, 1, ItemShape(8, 8, 8))
+    core.add_messages([Message(tp, 2, b"a")], 0.0)  # joins the item that runs a@0
+    assert [e.offset for e in item.entries] == [0, 1, 2]
+    ran: list[int] = []
+
+    def handler(record: Record) -> None:
+        ran.append(record.offset)
+        if record.offset == 0:
+            raise RuntimeError("again")
+
+    results = Work(handler, Options(ordering=Ordering.KEY)).run(item)
+    assert ran == [0, 1]
+    assert [type(r).__name__ for r in results] == ["RuntimeError", "NoneType", "_NotStarted"]
+    core.complete(item.id, results, 0.0)
+    [again] = core.take(10.0, 1, ItemShape(8, 8, 8))
+    assert [e.offset for e in again.entries] == [0, 2], "a's records, still in order"

@@ -10,6 +10,8 @@ and stopping and restarting. After every step it checks:
 
 * no record starts before its dependencies committed past it (its gate released it), when
   it is handed out or when it joins a running item;
+* in the ordered modes, no record runs before every earlier record of its partition (or
+  key) is done or given up;
 * no commit passes a record that was not done (processed, dead-lettered with an acknowledged
   copy, or skipped by the chosen policy), and offset maps only list done records;
 * what librdkafka was told about fetching matches what the core believes, and a partition
@@ -46,6 +48,7 @@ from sdk import Gate, Options, Ordering, RetriableError, TerminalError
 from sdk._core import NOT_STARTED
 from sdk._offsets import read_offset_map
 from sdk._partition import PAUSED
+from sdk._runners import Work
 from sdk._shards import Item
 from tests.sdk.simulated import TP, Clock, Cluster, SimEngine, SimProducer, sim_gate
 
@@ -179,6 +182,26 @@ class ShellMachine(RuleBasedStateMachine):
             )
         self.check_commits()
 
+    def check_order(self, entry: Any) -> None:
+        """A worker runs ``entry``: in the ordered modes every earlier record of its shard
+        (its partition, or its key) is done, or was given up (dead-lettered or skipped)."""
+        if self.options.ordering is Ordering.UNORDERED or self.engine is None:
+            return
+        self.check_commits()  # takes in the dead letters acknowledged and the skips
+        key = entry.payload.key()
+        by_key = self.options.ordering is Ordering.KEY
+        leaving = {(e.tp, e.offset) for e in self.engine.core.dead_letter_pending}
+        waiting = [
+            m.offset_
+            for m in self.cluster.logs[entry.tp]
+            if m.offset_ < entry.offset
+            and (not by_key or m.key() == key)
+            and (entry.tp, m.offset_) not in self.done
+            and (entry.tp, m.offset_) not in leaving
+        ]
+        if waiting:
+            self.violations.append(f"{entry} ran before {waiting} of its shard were done")
+
     def check_commits(self) -> None:
         for letter in self.cluster.dead_letters[self.checked_letters :]:
             headers = dict(letter.headers())
@@ -232,7 +255,7 @@ class ShellMachine(RuleBasedStateMachine):
     def finish(self, item: Item, data: st.DataObject) -> None:
         outcomes = st.sampled_from(["ok", "ok", "retry", "terminal", "cancelled"])
         results: list[Any] = []
-        failed_shards: set[int] = set()
+        failed_shards: set[object] = set()
         ordered = self.options.ordering is not Ordering.UNORDERED
         batch = self.options.batch_size is not None
         batch_outcome = data.draw(outcomes) if batch else None
@@ -242,9 +265,10 @@ class ShellMachine(RuleBasedStateMachine):
             if index < item.finished:
                 results.append(None)
                 continue
-            if ordered and id(entry.shard) in failed_shards and not batch:
+            if ordered and failed_shards and Work.stopped(entry, failed_shards) and not batch:
                 results.append(NOT_STARTED)
                 continue
+            self.check_order(entry)
             outcome = batch_outcome or data.draw(outcomes)
             if outcome == "ok":
                 results.append(None)
@@ -256,7 +280,7 @@ class ShellMachine(RuleBasedStateMachine):
                     "cancelled": asyncio.CancelledError(),
                 }[outcome]
                 results.append(error)
-                failed_shards.add(id(entry.shard))
+                failed_shards.add(Work.stop_mark(entry))  # as the runners do
         self.engine.runner.report(item, results)
 
     @precondition(lambda self: self.engine is not None and self.engine.runner.running)

@@ -74,14 +74,14 @@ class Shell:
         """Report ``item`` as a worker would when the records at ``offsets`` raise ``error``:
         in the ordered modes, the rest of a failed record's shard is not started."""
         results: list[Any] = []
-        failed: set[int] = set()
+        failed: set[object] = set()
         ordered = self.engine.options.ordering != "unordered"
         for entry in item.entries:
-            if ordered and id(entry.shard) in failed:
+            if ordered and failed and Work.stopped(entry, failed):
                 results.append(NOT_STARTED)
             elif entry.offset in offsets:
                 results.append(error)
-                failed.add(id(entry.shard))
+                failed.add(Work.stop_mark(entry))
             else:
                 results.append(None)
         self.finish(item, results)
@@ -236,7 +236,10 @@ def test_a_poison_head_with_other_keys_completing_keeps_memory_within_the_buffer
         for item in shell.running():
             shell.finish(
                 item,
-                [RetriableError("no") if e.shard.key == b"poison" else None for e in item.entries],
+                [
+                    RetriableError("no") if e.payload.key() == b"poison" else None
+                    for e in item.entries
+                ],
             )
         shell.turn(seconds=0.02)
         assert shell.engine.core.held() <= 50
