@@ -339,6 +339,7 @@ class WorkCore:
     def _release(self, entry: Entry, now: float) -> None:
         """A lane's record is over (done, or on its way to the dead-letter topic): the next
         record of its key, waiting in a shard owned by this record's item, may go."""
+        entry.run = None  # its item's list refers to it: no cycle left for the collector
         part = entry.part
         if part.dead:
             return
@@ -355,6 +356,7 @@ class WorkCore:
         shard = entry.shard
         if not shard.lane:
             return shard
+        entry.run = None
         part = entry.part
         key = self._lane_key(entry)
         if part.lane_keys.get(key) is entry:

@@ -94,7 +94,7 @@ class Entry:
         self.not_before = not_before
         self.attempts = 0
         self.last_error: BaseException | None = None
-        self.run: list[Entry]  # a lane's record, once taken: the entries of its item
+        self.run: list[Entry] | None  # a lane's record while it runs: its item's entries
 
     @property
     def tp(self) -> tuple[str, int]:
