@@ -321,34 +321,35 @@ class WorkCore:
                     scheduler.discard(shard)
         else:
             last = None
+            null_keys_unordered = self.null_keys_unordered
             for entry in item.entries:
                 shard = entry.shard
                 if shard is last:
                     continue
-                if shard.lane:
-                    self._release(entry, now)
-                else:
+                if not shard.lane:
                     last = shard
                     scheduler.hand_back(shard, now)
+                    continue
+                # A lane's record is over (done, or on its way to the dead-letter topic): the
+                # next record of its key, in a shard owned by this item, may go.
+                entry.run = None  # its item's list refers to it: no cycle for the collector
+                part = entry.part
+                if part.dead:
+                    continue
+                key = entry.payload.key()
+                if key is None and null_keys_unordered:
+                    key = (None, entry.offset)
+                lane_keys = part.lane_keys
+                if lane_keys.get(key) is entry:
+                    del lane_keys[key]
+                    follower = part.shards.get(key)
+                    if follower is not None:
+                        scheduler.hand_back(follower, now)
         return outcome
 
     def _lane_key(self, entry: Entry) -> object:
         key = entry.payload.key()
         return (None, entry.offset) if key is None and self.null_keys_unordered else key
-
-    def _release(self, entry: Entry, now: float) -> None:
-        """A lane's record is over (done, or on its way to the dead-letter topic): the next
-        record of its key, waiting in a shard owned by this record's item, may go."""
-        entry.run = None  # its item's list refers to it: no cycle left for the collector
-        part = entry.part
-        if part.dead:
-            return
-        key = self._lane_key(entry)
-        if part.lane_keys.get(key) is entry:
-            del part.lane_keys[key]
-            follower = part.shards.get(key)
-            if follower is not None:
-                self.scheduler.hand_back(follower, now)
 
     def _own_shard(self, entry: Entry) -> Shard:
         """The shard a record returns to when it did not complete: a lane's record moves to a
