@@ -1,12 +1,12 @@
 """Python's cyclic garbage collector while engines run.
 
-The engine allocates a few small objects per record (its entry, shard and work item refer
-to each other), so at the interpreter's default generation-0 threshold (700 allocations) the
-collector runs every few hundred records and costs about a third of the consumer thread's
-time at full speed. While at least one engine runs, the threshold is raised to
-``Options.gc_threshold``; it is put back when the last one stops, unless someone changed it
-meanwhile. Process-wide by nature, so it is an option (``gc_threshold=None`` leaves the
-collector alone).
+The engine allocates a few small objects per record. Reference counting frees them (they
+form no cycles), but at the interpreter's default generation-0 threshold (700 allocations)
+the collector runs every few hundred records, walks every record still held each time, and
+costs about a third of the consumer thread's time at full speed. While at least one engine
+runs, the threshold is raised to ``Options.gc_threshold``; it is put back when the last one
+stops, unless someone changed it meanwhile. Process-wide by nature, so it is an option
+(``gc_threshold=None`` leaves the collector alone).
 """
 
 from __future__ import annotations

@@ -127,11 +127,12 @@ class Options:
     max_item_records: int = 256
     """Most records one work item holds (fewer when handlers are slow; records of a running
     key that arrive while it runs may join it up to this many)."""
-    gc_threshold: int | None = 10_000
+    gc_threshold: int | None = 50_000
     """While the consumer runs, Python's generation-0 garbage-collection threshold is raised
     to this (from the interpreter's 700) and put back afterwards: the engine allocates a few
-    objects per record, and the default makes the collector cost about a third of the
-    consumer thread's time. Process-wide; None leaves the collector alone."""
+    objects per record, and each collection walks every record still held, so the default
+    makes the collector cost about a third of the consumer thread's time. Process-wide; None
+    leaves the collector alone."""
 
     def __post_init__(self) -> None:
         def bad(name: str, message: str) -> OptionsError:

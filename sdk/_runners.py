@@ -124,12 +124,13 @@ class Work:
         results: list[Any] = []
         stopped: set[object] = set()
         failed = False
-        handler, plain, deserializers = self.handler, self.plain, self.deserializers
+        handler, plain = self.handler, self.plain
+        key_deserializer, value_deserializer = self.deserializers
         for entry in entries:
             if stopped and self.stopped(entry, stopped):
                 results.append(NOT_STARTED)
                 continue
-            record = Record(entry.payload, entry.attempts + 1, *deserializers)
+            record = Record(entry.payload, entry.attempts + 1, key_deserializer, value_deserializer)
             error: BaseException | None = self.undecodable(record) if self.check_decoding else None
             if error is None:
                 try:
