@@ -522,24 +522,27 @@ def core_cost(records: int = 300_000, rounds: int = 3) -> list[dict[str, Any]]:
     """The consumer thread's Python time per record in the engine's pure core, without a
     broker or workers: records registered in fetches of 5,000 (12 partitions, 100,000 random
     keys), taken into items 64 at a time, half of the items completed each turn, with the
-    default buffer. Best of ``rounds``."""
+    default buffer and items shaped as the engine shapes them for a fast handler (single
+    records: items of up to ``max_item_records``, which records of a running key may join;
+    batches: one record per shard). Best of ``rounds``."""
     rng = random.Random(1)
     keys = [f"key-{i}".encode() for i in range(100_000)]
     messages = [_Message(i % 12, i // 12, keys[rng.randrange(len(keys))]) for i in range(records)]
     fetches = [
         sorted(messages[i : i + 5000], key=lambda m: m.partition()) for i in range(0, records, 5000)
     ]
+    full = Options().max_item_records
     workloads = {
-        "KEY, single record": (Ordering.KEY, ItemShape(1, 1, 1)),
-        "KEY, batch of 500": (Ordering.KEY, ItemShape(500, 1, 500)),
-        "UNORDERED, single record": (Ordering.UNORDERED, ItemShape(1, 1, 1)),
+        "KEY, single record": (Ordering.KEY, ItemShape(full, full, full), full),
+        "KEY, batch of 500": (Ordering.KEY, ItemShape(500, 1, 500), 0),
+        "UNORDERED, single record": (Ordering.UNORDERED, ItemShape(full, full, full), full),
     }
     rows = []
-    for name, (ordering, shape) in workloads.items():
+    for name, (ordering, shape, follow_on) in workloads.items():
         best = float("inf")
         for _ in range(rounds):
             limit = Options(ordering=ordering, max_concurrency=16).buffer_limit  # default
-            core = WorkCore(ordering, buffer_limit=limit)
+            core = WorkCore(ordering, buffer_limit=limit, follow_on=follow_on)
             for partition in range(12):
                 core.assign(("t", partition), 0)
             started = time.perf_counter()

@@ -164,19 +164,26 @@ class Scheduler:
             else:
                 room = min(max_run, max_records - len(entries)) if entries else max_run
             taken = 0
-            while taken < room and queue:
-                entry = queue[0]
-                if entry.not_before > now or (limit is not None and entry.offset >= limit):
-                    break
-                queue.popleft()
-                if entry.shard is not shard:
-                    continue  # a lane's stale entry
-                if lane:
+            if lane:
+                while taken < room and queue:
+                    entry = queue[0]
+                    if entry.not_before > now or (limit is not None and entry.offset >= limit):
+                        break
+                    queue.popleft()
+                    if entry.shard is not shard:
+                        continue  # a stale entry: it moved to a shard of its own
                     entry.run = entries  # the next record of its key may join it there
-                entries.append(entry)
-                if entry.attempts:
-                    retrying.discard(entry)
-                taken += 1
+                    entries.append(entry)
+                    taken += 1
+            else:
+                while taken < room and queue:
+                    entry = queue[0]
+                    if entry.not_before > now or (limit is not None and entry.offset >= limit):
+                        break
+                    entries.append(queue.popleft())
+                    if entry.attempts:
+                        retrying.discard(entry)
+                    taken += 1
             if side_by_side:
                 runs += taken
                 if queue:
