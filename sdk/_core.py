@@ -202,6 +202,7 @@ class WorkCore:
                 if prior is None:  # no earlier record of its key is queued or running
                     lane = part.lane
                     entry = lane_keys[shard_key] = Entry(offset, part, lane, message, not_before)
+                    entry.key = shard_key
                     lane.queue.append(entry)
                     if lane.state == IDLE:
                         lane.state = READY
@@ -321,7 +322,6 @@ class WorkCore:
                     scheduler.discard(shard)
         else:
             last = None
-            null_keys_unordered = self.null_keys_unordered
             for entry in item.entries:
                 shard = entry.shard
                 if shard is last:
@@ -336,9 +336,7 @@ class WorkCore:
                 part = entry.part
                 if part.dead:
                     continue
-                key = entry.payload.key()
-                if key is None and null_keys_unordered:
-                    key = (None, entry.offset)
+                key = entry.key
                 lane_keys = part.lane_keys
                 if lane_keys.get(key) is entry:
                     del lane_keys[key]
@@ -346,10 +344,6 @@ class WorkCore:
                     if follower is not None:
                         scheduler.hand_back(follower, now)
         return outcome
-
-    def _lane_key(self, entry: Entry) -> object:
-        key = entry.payload.key()
-        return (None, entry.offset) if key is None and self.null_keys_unordered else key
 
     def _own_shard(self, entry: Entry) -> Shard:
         """The shard a record returns to when it did not complete: a lane's record moves to a
@@ -359,7 +353,7 @@ class WorkCore:
             return shard
         entry.run = None
         part = entry.part
-        key = self._lane_key(entry)
+        key = entry.key
         if part.lane_keys.get(key) is entry:
             del part.lane_keys[key]
         own = part.shards.get(key)

@@ -77,11 +77,12 @@ class Work:
         """What a failed record stops for the rest of its item: its shard's records, or for a
         record of a lane (whose records are unrelated) the records of its key."""
         shard = entry.shard
-        return ("key", entry.payload.key()) if shard.lane else shard
+        return ("key", entry.key) if shard.lane else shard
 
     @staticmethod
     def stopped(entry: Entry, stopped: set[object]) -> bool:
-        return entry.shard in stopped or ("key", entry.payload.key()) in stopped
+        shard = entry.shard
+        return shard in stopped or ("key", entry.key if shard.lane else shard.key) in stopped
 
     def record(self, entry: Entry) -> Record:
         return Record(entry.payload, entry.attempts + 1, *self.deserializers)

@@ -75,6 +75,7 @@ class Entry:
 
     __slots__ = (
         "attempts",
+        "key",
         "last_error",
         "not_before",
         "offset",
@@ -94,6 +95,7 @@ class Entry:
         self.not_before = not_before
         self.attempts = 0
         self.last_error: BaseException | None = None
+        self.key: object  # a lane's record: its key (as its shard would have it)
         self.run: list[Entry] | None  # a lane's record while it runs: its item's entries
 
     @property
