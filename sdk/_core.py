@@ -7,7 +7,8 @@ a named method. The rules it keeps:
 
 * **Shards** (``sdk._shards``): an ordered shard has at most one owner and gives out its
   records strictly in offset order; ready shards are served round-robin, so a hot or slow
-  shard never starves the others.
+  shard never starves the others. In KEY ordering, a record whose key has nothing queued or
+  running waits in its partition's lane (at most one record per key, run side by side).
 * **Done** means processed, dead-lettered with an acknowledged copy, or skipped by a policy
   the user chose (``on_exhausted="skip"``). A terminal failure with nowhere to send it (no
   dead-letter topic) is never done: it holds its shard as STUCK and is reported.
