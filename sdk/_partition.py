@@ -108,8 +108,8 @@ class PartitionState:
         self.restored = deque(r for r in restored if start is None or r[1] > start)
         self.limit: int | None = None  # release limit (watermark); None: everything
         self.shards: dict[object, Shard] = {}  # by key within the partition (sdk._core)
-        self.lane: Shard | None = None  # KEY ordering: records no earlier record of whose key
-        self.lane_keys: dict[object, Entry] = {}  # is queued or running, by key (sdk._shards)
+        self.lane: Shard | None = None  # KEY ordering: its lane (see sdk._shards)
+        self.lane_keys: dict[object, Entry] = {}  # the lane's records, queued or running, by key
         self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
         self.blocked_since: float | None = None
         self.head_since = now  # when the lowest incomplete offset became the lowest

@@ -19,9 +19,9 @@ A shard queues its records in offset order and is always in exactly one of these
     any state ──partition dropped──> DEAD
 
 Only the ordered modes use RUNNING (one owner at a time); an UNORDERED shard and a lane stay
-READY while they have records, whoever runs them. Each state has one container (the ready queue, the
-timer heap, the partition's blocked list, an item), and a shard leaves a container only by
-changing state, so no container ever holds a stale shard. This module holds the data; the
+READY while they have records, whoever runs them. Each state has one container (the ready
+queue, the timer heap, the partition's blocked list, an item), and a shard leaves a container
+only by changing state, so no container ever holds a stale shard. This module holds the data; the
 transitions are :class:`~sdk._core.WorkCore`'s.
 """
 
