@@ -306,7 +306,6 @@ class WorkCore:
         reported = item.reported
         if reported:
             entries, results = entries[reported:], results[reported:]
-        shards = {entry.shard for entry in item.entries} if self.unordered else ()
         outcome = NOTHING
         if not any(results):
             for entry in entries:
@@ -317,11 +316,7 @@ class WorkCore:
         else:
             outcome = self._apply_failures(entries, results, now)
         scheduler = self.scheduler
-        if self.unordered:
-            for shard in shards:
-                if shard.state == IDLE and not shard.queue:
-                    scheduler.discard(shard)
-        else:
+        if not self.unordered:  # (UNORDERED shards were let go when take() emptied them)
             last = None
             for entry in item.entries:
                 shard = entry.shard

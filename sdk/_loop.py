@@ -17,6 +17,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sdk")
 
+_ERROR = methodcaller("error")
 _FETCH_MAX = 5000
 """Most records taken from librdkafka in one go."""
 _FETCH_EVERY = 0.002
@@ -205,8 +207,8 @@ class ConsumerLoop:
             self._register([message], self._time())
 
     def _register(self, messages: list[Message], now: float) -> None:
-        bad = [m for m in messages if m.error() is not None]
-        if bad:
+        if any(map(_ERROR, messages)):  # rare: look at each one only then
+            bad = [m for m in messages if m.error() is not None]
             for message in bad:
                 self._message_error(message.error())
             messages = [m for m in messages if m.error() is None]

@@ -189,7 +189,7 @@ class Scheduler:
                 if queue:
                     ready.append(shard)
                 else:
-                    shard.state = IDLE
+                    self.discard(shard)  # items may still refer to it: never recycled
             else:
                 runs += 1
                 shard.state = RUNNING
