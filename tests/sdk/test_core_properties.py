@@ -446,6 +446,28 @@ class CoreMachine(RuleBasedStateMachine):
             assert not shard.part.revoked, f"{shard} of a revoked partition is scheduled"
 
     @invariant()
+    def a_lane_holds_one_live_record_per_key(self) -> None:
+        """KEY ordering: every record of a lane is queued there or running, is the only one of
+        its key, and a shard of its key exists only while it runs (owned by its item)."""
+        if not hasattr(self, "core") or self.ordering is not Ordering.KEY:
+            return
+        in_flight = {id(e) for item in self.core.outstanding.values() for e in item.entries}
+        for part in self.core.partitions.values():
+            lane = part.lane
+            assert lane is not None and part.shards.get(lane.key) is lane
+            queued = [e for e in lane.queue if e.shard is lane]
+            for entry in queued:
+                assert part.lane_keys.get(entry.key) is entry, f"{entry} queued, not listed"
+            for key, entry in part.lane_keys.items():
+                assert entry.shard is lane and entry.key == key, entry
+                assert entry in queued or id(entry) in in_flight, f"{entry} is nowhere"
+                own = part.shards.get(key)
+                if own is not None and not part.revoked:
+                    assert own.state == RUNNING and id(entry) in in_flight, (
+                        f"{own} beside {entry} of its key"
+                    )
+
+    @invariant()
     def stuck_records_are_never_committed_past(self) -> None:
         if not hasattr(self, "core"):
             return
