@@ -207,6 +207,10 @@ class ConsumerLoop:
             self._register([message], self._time())
 
     def _register(self, messages: list[Message], now: float) -> None:
+        if self._watermarks_pending.is_set():
+            # A record may join a running item as it is registered: under the newest limits,
+            # not those of before a snapshot that lowered them.
+            self._apply_watermarks(now)
         if any(map(_ERROR, messages)):  # rare: look at each one only then
             bad = [m for m in messages if m.error() is not None]
             for message in bad:
@@ -266,9 +270,7 @@ class ConsumerLoop:
             for done in message[1]:
                 self._completed(done, now)
         elif kind == "watermarks":
-            self._watermarks_pending.clear()
-            if self._holds is not None:
-                self._holds.apply(now)
+            self._apply_watermarks(now)
         elif kind == "stop":
             _, drain, deadline, drain_buffered = message
             if self._stop is None:
@@ -313,6 +315,12 @@ class ConsumerLoop:
                 self._deferred.append(message)
 
     # ---- gating -------------------------------------------------------------------------
+
+    def _apply_watermarks(self, now: float) -> None:
+        """The gate's newest snapshot becomes the release limits."""
+        self._watermarks_pending.clear()
+        if self._holds is not None:
+            self._holds.apply(now)
 
     def _on_watermarks(self, snapshot: Any) -> None:
         """From a source's thread: wake the consumer's thread (once per burst)."""

@@ -500,3 +500,20 @@ def test_a_record_of_a_running_shard_joins_its_item_only_when_it_may_start() -> 
     assert [e.offset for e in third.entries] == [2]
     shell.finish_all()
     assert shell.committed(0) == 4
+
+
+def test_a_record_never_joins_a_running_item_under_a_watermark_the_gate_lowered() -> None:
+    """The gate lowered a partition's watermark (its dependencies' offsets went back, as
+    when a topic is recreated) just before the partition's next record was fetched: the
+    record is registered under the lowered limit, so it does not join its key's running
+    item."""
+    shell = Shell(Options(ordering=Ordering.KEY, max_concurrency=2), gated=True)
+    shell.open_gate(p0=5)
+    shell.cluster.produce(0, [b"a"])
+    shell.turn()
+    [first] = shell.running()
+    shell.open_gate(p0=1)  # lowered: offset 1 is no longer released
+    shell.cluster.produce(0, [b"a"])
+    shell.turn()
+    assert [e.offset for e in first.entries] == [0], "it joined under the old watermark"
+    assert shell.engine.core.partitions[(TOPIC, 0)].limit == 1
