@@ -167,7 +167,9 @@ class ShellMachine(RuleBasedStateMachine):
         if engine is None:
             return
         self.clock.advance(0.003)  # time passes between turns
+        self.largest_share = max(getattr(self, "largest_share", 0), engine.core.share())
         wait = engine._turn()
+        self.largest_share = max(self.largest_share, engine.core.share())
         if wait is None:
             engine._close()
             self.engine = None
