@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -15,6 +16,12 @@ from gate import GateConfig, GateService, parse_config
 from gate._serve import ServedGate
 
 T = TypeVar("T")
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a child process a test will interrupt with SIGINT: a test run started
+    as a background job inherits an ignored SIGINT, which the child would keep."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def unique(prefix: str) -> str:

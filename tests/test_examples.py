@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Kafka, unique, wait_until
+from tests.support import Kafka, interruptible, unique, wait_until
 
 pytest.importorskip("pyspark")
 
@@ -48,6 +48,7 @@ def test_the_spark_example_reads_only_what_the_dependencies_committed(
         stderr=subprocess.DEVNULL,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=interruptible,
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)

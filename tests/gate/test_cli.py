@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 
 from gate._check import _group_ids
 from gate._local import free_port
-from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
+from tests.support import Kafka, gate_config, interruptible, serve_gate, unique, wait_until
 
 GATE = [sys.executable, "-m", "gate.cli"]
 
@@ -294,6 +294,7 @@ def test_status_watch_follows_the_gate_until_interrupted(kafka: Kafka) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=interruptible,
         )
         time.sleep(2.0)
         kafka.commit(group, topic, {0: 20})  # the dependency catches up while watched

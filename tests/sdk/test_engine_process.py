@@ -15,7 +15,7 @@ import pytest
 
 from sdk import Options, Ordering, Record
 from tests.sdk.engine_support import start_engine
-from tests.support import Kafka, unique, wait_until
+from tests.support import Kafka, interruptible, unique, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -251,6 +251,7 @@ out.write("returned\\n")
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=interruptible,
     )
     try:
         wait_until(
