@@ -159,7 +159,7 @@ class WorkCore:
         tp: TP | None = None
         part: PartitionState | None = None
         scheduler = self.scheduler
-        ready, free = scheduler.ready, scheduler.free
+        ready = scheduler.ready
         key_ordered, null_keys_unordered = self.key_ordered, self.null_keys_unordered
         follow_on = self.follow_on
         delay = self.process_delay if with_timestamps else 0.0
@@ -219,13 +219,8 @@ class WorkCore:
                 else:  # owned by the item running ``prior``: it may join that item
                     shard.state = RUNNING
                     shard.run = prior.run
-            elif shard is None:  # the common case with many keys: a recycled empty shard
-                if free:
-                    shard = free.pop()
-                    shard.key, shard.part = shard_key, part
-                else:
-                    shard = Shard(shard_key, part)
-                shards[shard_key] = shard
+            elif shard is None:
+                shard = scheduler.new_shard(shard_key, part)
             entry = Entry(offset, part, shard, message, not_before)
             state = shard.state
             if state == RUNNING and follow_on and not shard.queue and not self.paused_all:
