@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import lt
 from typing import Any, NamedTuple
 
 from sdk._failures import DEAD_LETTER, RETRY, SKIP, FailurePolicy
@@ -56,6 +58,17 @@ from sdk._shards import (
 )
 
 __all__ = ["NOT_STARTED", "TP", "Commit", "Entry", "Item", "ItemShape", "Outcome", "WorkCore"]
+
+
+def _increasing(offsets: list[int]) -> bool:
+    """Whether each offset is higher than the one before (as fetches hand them over)."""
+    return all(map(lt, offsets, itertools.islice(offsets, 1, None)))
+
+
+def _due(message: Any, delay: float) -> float:
+    """When a record may start under a process delay (at once without a timestamp)."""
+    kind, stamp = message.timestamp()
+    return stamp / 1000 + delay if kind else 0.0
 
 
 class Commit(NamedTuple):
@@ -156,25 +169,61 @@ class WorkCore:
         """Register fetched confluent-kafka messages (anything with ``topic()``,
         ``partition()``, ``offset()``, ``key()`` and ``timestamp()``) without errors.
         Messages of unknown or revoked partitions, and offsets already seen, are ignored."""
-        tp: TP | None = None
-        part: PartitionState | None = None
-        scheduler = self.scheduler
-        ready = scheduler.ready
-        key_ordered, null_keys_unordered = self.key_ordered, self.null_keys_unordered
-        follow_on = self.follow_on
+        partitions = self.partitions
         delay = self.process_delay if with_timestamps else 0.0
+        # A fetch holds runs of one partition's records: each run is registered in one go.
+        runs: list[tuple[PartitionState, list[Any], list[int]]] = []
+        run: list[Any] | None = None
+        offsets: list[int] = []
+        topic, number = None, -1
         for message in messages:
-            topic, number = message.topic(), message.partition()
-            if tp is None or tp[1] != number or tp[0] != topic:
-                tp = (topic, number)
-                part = self.partitions.get(tp)
-            if part is None or part.revoked:
-                continue
+            if message.partition() != number or message.topic() != topic:
+                topic, number = message.topic(), message.partition()
+                part = partitions.get((topic, number))
+                if part is None or part.revoked:
+                    run = None
+                else:
+                    run, offsets = [], []
+                    runs.append((part, run, offsets))
+            if run is not None:
+                run.append(message)
+                offsets.append(message.offset())
+        for part, run, offsets in runs:
+            self._register_run(part, run, offsets, now, delay)
+
+    def _register_run(
+        self, part: PartitionState, run: list[Any], offsets: list[int], now: float, delay: float
+    ) -> None:
+        """Register a run of one partition's fetched records and queue them."""
+        if offsets[0] > part.highest and not part.restored and _increasing(offsets):
+            pending = part.pending
+            if not pending:
+                part.head_since = now
+            pending.extend(offsets)
+            part.highest = offsets[-1]
+        else:
+            run, offsets = self._register_one_by_one(part, run, now)
+            if not run:
+                return
+        not_before = [_due(message, delay) for message in run] if delay else None
+        if self.key_ordered:
+            self._enqueue_keyed(part, run, offsets, not_before, now)
+        else:
+            self._enqueue(part, run, offsets, not_before, now)
+
+    @staticmethod
+    def _register_one_by_one(
+        part: PartitionState, run: list[Any], now: float
+    ) -> tuple[list[Any], list[int]]:
+        """Register a run's records one at a time, leaving out offsets already seen and those
+        the restored offset map says were completed; returns the records left to queue."""
+        kept, offsets = [], []
+        pending = part.pending
+        for message in run:
             offset = message.offset()
             if offset <= part.highest:
                 continue
             part.highest = offset
-            pending = part.pending
             if not pending:
                 part.head_since = now
             pending.append(offset)
@@ -182,62 +231,114 @@ class WorkCore:
                 part.counts.restored_skips += 1
                 part.complete(offset, now)
                 continue
-            # A shard's key is unique within its partition: the record's key (KEY ordering;
-            # a null key alone with its offset when null keys are unordered), else None.
-            if not key_ordered:
-                shard_key: object = None
-            else:
-                shard_key = message.key()
-                if shard_key is None and null_keys_unordered:
-                    shard_key = (None, offset)
-            not_before = 0.0
-            if delay:
-                kind, stamp = message.timestamp()
-                if kind:
-                    not_before = stamp / 1000 + delay
-            shards = part.shards
-            shard = shards.get(shard_key)
-            if shard is None and key_ordered:
-                lane_keys = part.lane_keys
-                prior = lane_keys.get(shard_key)
+            kept.append(message)
+            offsets.append(offset)
+        return kept, offsets
+
+    def _enqueue(
+        self,
+        part: PartitionState,
+        run: list[Any],
+        offsets: list[int],
+        not_before: list[float] | None,
+        now: float,
+    ) -> None:
+        """Queue a run of one partition's records in its one shard (PARTITION, UNORDERED)."""
+        shard = part.shards.get(None)
+        if shard is None:
+            shard = self.scheduler.new_shard(None, part)
+        entries = list(
+            map(Entry, offsets, repeat(part), repeat(shard), run, not_before or repeat(0.0))
+        )
+        state = shard.state
+        queue = shard.queue
+        if state == RUNNING and self.follow_on and not queue:
+            joined = self._join(shard, entries, now)
+            if joined:
+                if joined == len(entries):
+                    return
+                entries = entries[joined:]
+        queue.extend(entries)
+        if state == IDLE:
+            shard.state = READY
+            self.scheduler.ready.append(shard)
+
+    def _enqueue_keyed(
+        self,
+        part: PartitionState,
+        run: list[Any],
+        offsets: list[int],
+        not_before: list[float] | None,
+        now: float,
+    ) -> None:
+        """Queue a run of one partition's records by key (KEY ordering): in the lane when no
+        earlier record of the key is queued or running, else in the key's shard."""
+        scheduler = self.scheduler
+        ready = scheduler.ready
+        null_keys_unordered = self.null_keys_unordered
+        follow_on = self.follow_on
+        shards, lane_keys = part.shards, part.lane_keys
+        lane = part.lane
+        assert lane is not None
+        lane_queue = lane.queue
+        dues = not_before or repeat(0.0)
+        for offset, message, due in zip(offsets, run, dues, strict=False):
+            key = message.key()
+            if key is None and null_keys_unordered:
+                key = (None, offset)  # alone with its offset: unordered
+            shard = shards.get(key)
+            if shard is None:
+                prior = lane_keys.get(key)
                 if prior is None:  # no earlier record of its key is queued or running
-                    lane = part.lane
-                    entry = lane_keys[shard_key] = Entry(offset, part, lane, message, not_before)
-                    entry.key = shard_key
-                    lane.queue.append(entry)
-                    if lane.state == IDLE:
-                        lane.state = READY
-                        ready.append(lane)
+                    entry = lane_keys[key] = Entry(offset, part, lane, message, due)
+                    entry.key = key
+                    lane_queue.append(entry)
                     continue
                 # It follows a record of its key in the lane: a shard of their own.
-                shard = scheduler.new_shard(shard_key, part)
-                queue = part.lane.queue
-                if queue and queue[0].offset <= prior.offset:  # not started: it moves too
-                    del lane_keys[shard_key]
+                shard = scheduler.new_shard(key, part)
+                if lane_queue and lane_queue[0].offset <= prior.offset:  # not started: it moves
+                    del lane_keys[key]
                     prior.shard = shard
                     shard.queue.append(prior)
                 else:  # owned by the item running ``prior``: it may join that item
                     shard.state = RUNNING
                     shard.run = prior.run
-            elif shard is None:
-                shard = scheduler.new_shard(shard_key, part)
-            entry = Entry(offset, part, shard, message, not_before)
+            entry = Entry(offset, part, shard, message, due)
             state = shard.state
-            if state == RUNNING and follow_on and not shard.queue and not self.paused_all:
-                run = shard.run
-                limit = part.limit if part.map_cap is None else part.release_limit()
-                if (
-                    run is not None
-                    and len(run) < follow_on
-                    and not_before <= now
-                    and (limit is None or offset < limit)
-                ):
-                    run.append(entry)  # the worker running its shard takes it next
-                    continue
+            if (
+                state == RUNNING
+                and follow_on
+                and not shard.queue
+                and self._join(shard, [entry], now)
+            ):
+                continue  # the worker running its shard takes it next
             shard.queue.append(entry)
             if state == IDLE:
                 shard.state = READY
                 ready.append(shard)
+        if lane_queue and lane.state == IDLE:
+            lane.state = READY
+            ready.append(lane)
+
+    def _join(self, shard: Shard, entries: list[Entry], now: float) -> int:
+        """A RUNNING shard with nothing queued: how many of ``entries`` (its next records, in
+        order) join the item running it, which then runs them without a hand-off. A record
+        joins while the item holds fewer than ``follow_on`` records and it may start now."""
+        run = shard.run
+        if run is None or self.paused_all:
+            return 0
+        part = shard.part
+        limit = part.limit if part.map_cap is None else part.release_limit()
+        room = self.follow_on - len(run)
+        joined = 0
+        for entry in entries:
+            if joined >= room or entry.not_before > now:
+                break
+            if limit is not None and entry.offset >= limit:
+                break
+            run.append(entry)
+            joined += 1
+        return joined
 
     # ---- scheduling ---------------------------------------------------------------------
 
@@ -282,11 +383,7 @@ class WorkCore:
             finished = item.finished
             if finished <= item.reported:
                 continue
-            for entry in item.entries[item.reported : finished]:
-                part = entry.part
-                if not part.dead:
-                    part.counts.processed += 1
-                    part.complete(entry.offset, now)
+            self._processed(item.entries[item.reported : finished], now)
             item.reported = finished
 
     def complete(self, item_id: int, results: Sequence[Any], now: float) -> Outcome:
@@ -301,40 +398,57 @@ class WorkCore:
         reported = item.reported
         if reported:
             entries, results = entries[reported:], results[reported:]
-        outcome = NOTHING
-        if not any(results):
-            for entry in entries:
-                part = entry.part
-                if not part.dead:
-                    part.counts.processed += 1
-                    part.complete(entry.offset, now)
-        else:
+        if any(results):
             outcome = self._apply_failures(entries, results, now)
+        else:
+            outcome = NOTHING
+            self._processed(entries, now)
+        if self.unordered:  # (UNORDERED shards were let go when take() emptied them)
+            return outcome
         scheduler = self.scheduler
-        if not self.unordered:  # (UNORDERED shards were let go when take() emptied them)
-            last = None
-            for entry in item.entries:
-                shard = entry.shard
-                if shard is last:
-                    continue
-                if not shard.lane:
-                    last = shard
-                    scheduler.hand_back(shard, now)
-                    continue
-                # A lane's record is over (done, or on its way to the dead-letter topic): the
-                # next record of its key, in a shard owned by this item, may go.
-                entry.run = None  # its item's list refers to it: no cycle for the collector
+        last = part = None
+        lane_keys: dict[object, Entry] = {}
+        shards: dict[object, Shard] = {}
+        for entry in item.entries:
+            shard = entry.shard
+            if shard is last:
+                continue
+            if not shard.lane:
+                last = shard
+                scheduler.hand_back(shard, now)
+                continue
+            # A lane's record is over (done, or on its way to the dead-letter topic): the
+            # next record of its key, in a shard owned by this item, may go.
+            entry.run = None  # its item's list refers to it: no cycle for the collector
+            if entry.part is not part:
                 part = entry.part
-                if part.dead:
-                    continue
-                key = entry.key
-                lane_keys = part.lane_keys
-                if lane_keys.get(key) is entry:
-                    del lane_keys[key]
-                    follower = part.shards.get(key)
-                    if follower is not None:
-                        scheduler.hand_back(follower, now)
+                lane_keys, shards = ({}, {}) if part.dead else (part.lane_keys, part.shards)
+            key = entry.key
+            prior = lane_keys.pop(key, None)
+            if prior is not entry:
+                if prior is not None:
+                    lane_keys[key] = prior  # (not this record's: it stays)
+                continue
+            follower = shards.get(key)
+            if follower is not None:
+                scheduler.hand_back(follower, now)
         return outcome
+
+    @staticmethod
+    def _processed(entries: Sequence[Entry], now: float) -> None:
+        """These records were processed: each run of one partition's records at once."""
+        runs: list[tuple[PartitionState, list[int]]] = []
+        part = None
+        offsets: list[int] = []
+        for entry in entries:
+            if entry.part is not part:
+                part, offsets = entry.part, []
+                runs.append((part, offsets))
+            offsets.append(entry.offset)
+        for part, offsets in runs:
+            if not part.dead:
+                part.counts.processed += len(offsets)
+                part.complete_many(offsets, now)
 
     def _own_shard(self, entry: Entry) -> Shard:
         """The shard a record returns to when it did not complete: a lane's record moves to a

@@ -17,7 +17,6 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sdk")
 
-_ERROR = methodcaller("error")
 _FETCH_MAX = 5000
 """Most records taken from librdkafka in one go."""
 _FETCH_EVERY = 0.002
@@ -211,11 +209,13 @@ class ConsumerLoop:
             # A record may join a running item as it is registered: under the newest limits,
             # not those of before a snapshot that lowered them.
             self._apply_watermarks(now)
-        if any(map(_ERROR, messages)):  # rare: look at each one only then
-            bad = [m for m in messages if m.error() is not None]
-            for message in bad:
-                self._message_error(message.error())
-            messages = [m for m in messages if m.error() is None]
+        for message in messages:
+            if message.error() is not None:  # rare: only then are the messages copied
+                for bad in messages:
+                    if bad.error() is not None:
+                        self._message_error(bad.error())
+                messages = [m for m in messages if m.error() is None]
+                break
         self.core.add_messages(messages, now, with_timestamps=bool(self.options.process_delay))
 
     def _message_error(self, error: KafkaError) -> None:

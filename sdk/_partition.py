@@ -27,6 +27,7 @@ Pure: no I/O, time is passed in.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -143,17 +144,26 @@ class PartitionState:
 
     def complete(self, offset: int, now: float) -> None:
         """``offset`` is done: processed, dead-lettered (acknowledged) or skipped by policy."""
-        pending = self.pending
-        if pending and pending[0] == offset:
-            pending.popleft()
-            done = self.done
-            if done:
-                while pending and pending[0] in done:
-                    done.remove(pending.popleft())
-                self.done_changes += 1
+        self.complete_many((offset,), now)
+
+    def complete_many(self, offsets: Iterable[int], now: float) -> None:
+        """Each of ``offsets`` is done (as :meth:`complete`, one call for a run of them)."""
+        pending, done = self.pending, self.done
+        moved = changed = False
+        for offset in offsets:
+            if pending and pending[0] == offset:
+                pending.popleft()
+                moved = True
+                if done:
+                    while pending and pending[0] in done:
+                        done.remove(pending.popleft())
+                    changed = True
+            else:
+                done.add(offset)
+                changed = True
+        if moved:
             self.head_since = now
-        else:
-            self.done.add(offset)
+        if changed:
             self.done_changes += 1
 
     # ---- commits and the offset map -----------------------------------------------------

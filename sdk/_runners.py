@@ -125,14 +125,14 @@ class Work:
         results: list[Any] = []
         stopped: set[object] = set()
         failed = False
-        handler, plain = self.handler, self.plain
+        handler, plain, check_decoding = self.handler, self.plain, self.check_decoding
         key_deserializer, value_deserializer = self.deserializers
         for entry in entries:
             if stopped and self.stopped(entry, stopped):
                 results.append(NOT_STARTED)
                 continue
             record = Record(entry.payload, entry.attempts + 1, key_deserializer, value_deserializer)
-            error: BaseException | None = self.undecodable(record) if self.check_decoding else None
+            error: BaseException | None = self.undecodable(record) if check_decoding else None
             if error is None:
                 try:
                     if plain:
@@ -143,23 +143,27 @@ class Work:
                         self.hook("after_handle", record)
                 except BaseException as exc:  # SystemExit too: a worker must never die of it
                     error = exc
+                else:
+                    results.append(None)
+                    if not failed:
+                        item.finished = len(results)
+                    continue
             results.append(error)
-            if error is None:
-                if not failed:
-                    item.finished = len(results)
-            else:
-                failed = True
-                self.failed(record, error)
-                if self.ordered:
-                    stopped.add(self.stop_mark(entry))
+            failed = True
+            self.failed(record, error)
+            if self.ordered:
+                stopped.add(self.stop_mark(entry))
         return results
 
     def prepare_batch(self, entries: Sequence[Entry]) -> tuple[list[Any], list[Record], list[int]]:
         """Records of a batch that may run, and results already known (undecodable ones)."""
         results: list[Any] = [None] * len(entries)
         if not self.check_decoding:
-            deserializers = self.deserializers
-            records = [Record(e.payload, e.attempts + 1, *deserializers) for e in entries]
+            key_deserializer, value_deserializer = self.deserializers
+            records = [
+                Record(e.payload, e.attempts + 1, key_deserializer, value_deserializer)
+                for e in entries
+            ]
             return results, records, list(range(len(entries)))
         records, runnable = [], []
         for i, entry in enumerate(entries):

@@ -112,6 +112,7 @@ class Cluster:
         self.commits: dict[TP, tuple[int, str]] = {}
         self.commit_history: list[tuple[TP, int, str]] = []
         self.dead_letters: list[SimMessage] = []
+        self.fetch_run = 1  # records of one partition handed over in a row by a fetch
 
     def produce(self, partition: int, keys: Iterable[bytes | None], gap: int = 0) -> None:
         tp = (self.topic, partition)
@@ -189,10 +190,10 @@ class SimConsumer:
                 log = self.cluster.logs[tp]
                 position = self.position[tp]
                 following = [m for m in log if m.offset_ >= position]
-                if following and len(messages) < num_messages:
-                    message = following[0]
-                    messages.append(message)
-                    self.position[tp] = message.offset_ + 1
+                room = min(num_messages - len(messages), self.cluster.fetch_run)
+                if following and room > 0:
+                    messages += following[:room]
+                    self.position[tp] = messages[-1].offset_ + 1
                     progress = True
         return messages
 

@@ -130,18 +130,45 @@ class CoreMachine(RuleBasedStateMachine):
         partition=st.integers(0, 1),
         keys=st.lists(st.sampled_from([b"a", b"b", b"c", None]), min_size=1, max_size=6),
         gap=st.integers(0, 2),
+        other_keys=st.lists(st.sampled_from([b"a", b"b", None]), max_size=3),
+        seen_again=st.integers(0, 2),
     )
-    def fetch(self, partition: int, keys: list[bytes | None], gap: int) -> None:
+    def fetch(
+        self,
+        partition: int,
+        keys: list[bytes | None],
+        gap: int,
+        other_keys: list[bytes | None],
+        seen_again: int,
+    ) -> None:
+        """One fetch: a run of records of one partition, maybe after a run of the other
+        partition's; the records given back come first, and records seen before (fetched
+        again after them: ignored) may follow."""
         tp = (TOPIC, partition)
         if tp not in self.core.partitions:
             return
-        self.fetch_again(tp)
+        messages = []
+        other = (TOPIC, 1 - partition)
+        if other_keys and other in self.core.partitions:
+            messages += self.given_back_messages(other)
+            messages += self.new_messages(other, other_keys, 0)
+        messages += self.given_back_messages(tp)
+        seen = sorted(self.records[tp])[-seen_again:] if seen_again else []
+        messages += [Message(tp, offset, self.records[tp][offset]) for offset in seen]
+        messages += self.new_messages(tp, keys, gap)
+        self.add(messages)
+
+    def new_messages(
+        self, tp: tuple[str, int], keys: list[bytes | None], gap: int
+    ) -> list[Message]:
         offset = self.next_offset[tp] + gap  # offsets need not be contiguous
+        messages = []
         for key in keys:
             self.records[tp][offset] = key
-            self.add(Message(tp, offset, key))
+            messages.append(Message(tp, offset, key))
             offset += 1
         self.next_offset[tp] = offset
+        return messages
 
     @precondition(lambda self: self.items)
     @rule(data=st.data())
@@ -155,31 +182,35 @@ class CoreMachine(RuleBasedStateMachine):
         key = self.records[tp][entry.offset]
         offset = self.next_offset[tp]
         self.records[tp][offset] = key
-        self.add(Message(tp, offset, key))
+        self.add([Message(tp, offset, key)])
         self.next_offset[tp] = offset + 1
 
-    def add(self, message: Message) -> None:
-        """Register a fetched record; one that joins a running item must be allowed to
-        start there: its gate released it and it runs after its shard's earlier records."""
+    def add(self, messages: list[Message]) -> None:
+        """Register a fetch; a record that joins a running item must be allowed to start
+        there: its gate released it and it runs after its shard's earlier records."""
         lengths = {item_id: len(item.entries) for item_id, item in self.items.items()}
-        self.core.add_messages([message], self.now)
+        self.core.add_messages(messages, self.now)
+        fetched = {(m.tp, m.offset_) for m in messages}
+        joined = set()
         for item_id, item in self.items.items():
-            for entry in item.entries[lengths[item_id] :]:
-                assert entry.offset == message.offset_, "an item took a record twice"
+            for index in range(lengths[item_id], len(item.entries)):
+                entry = item.entries[index]
+                where = (entry.tp, entry.offset)
+                assert where in fetched and where not in joined, "an item took a record twice"
+                joined.add(where)
                 limit = self.core.partitions[entry.tp].release_limit()  # watermark or map cap
                 assert limit is None or entry.offset < limit, "joined beyond the release limit"
                 shard = self.shard_of(entry.tp, entry.offset)
-                earlier = [e for e in item.entries[:-1] if not e.part.dead]  # (others: forgotten)
+                earlier = [e for e in item.entries[:index] if not e.part.dead]  # (others gone)
                 assert any(self.shard_of(e.tp, e.offset) == shard for e in earlier), (
                     "a record joined an item that does not run its shard"
                 )
 
-    def fetch_again(self, tp: tuple[str, int]) -> None:
+    def given_back_messages(self, tp: tuple[str, int]) -> list[Message]:
         """The fetch after a seek back: the records given back come first, in order."""
         again = self.given_back.pop(tp, {})
-        for offset, key in sorted(again.items()):
-            self.records[tp][offset] = key
-            self.add(Message(tp, offset, key))
+        self.records[tp].update(again)
+        return [Message(tp, offset, key) for offset, key in sorted(again.items())]
 
     @rule(partition=st.integers(0, 1), keep=st.integers(0, 8))
     def give_back(self, partition: int, keep: int) -> None:
@@ -489,7 +520,7 @@ class CoreMachine(RuleBasedStateMachine):
         if self.core.stuck:
             return  # held for good by design: liveness is about everything else
         for tp in list(self.given_back):
-            self.fetch_again(tp)
+            self.add(self.given_back_messages(tp))
         for item_id in list(self.items):
             item = self.items.pop(item_id)
             self.core.complete(item_id, [None] * len(item.entries), self.now)
@@ -578,6 +609,53 @@ def test_a_failed_lane_record_stops_its_key_not_the_lane() -> None:
     core.complete(item.id, results, 0.0)
     [again] = core.take(10.0, 1, ItemShape(8, 8, 8))
     assert [e.offset for e in again.entries] == [0, 2], "a's records, still in order"
+
+
+@pytest.mark.parametrize("ordering", list(Ordering))
+def test_a_fetch_mixing_topics_with_equal_partition_numbers_registers_each_record_once(
+    ordering: Ordering,
+) -> None:
+    """A fetch is registered run by run (records of one partition in a row). Two topics'
+    partitions with the same number may alternate in it; and a record of a partition no
+    longer assigned is ignored without taking the records next to it along."""
+    core = WorkCore(ordering)
+    first, second = ("a", 0), ("b", 0)
+    core.assign(first, None)
+    core.assign(second, None)
+    core.add_messages(
+        [
+            Message(("gone", 0), 0, b"k"),
+            Message(first, 0, b"k"),
+            Message(second, 0, b"k"),
+            Message(first, 1, b"k"),
+            Message(second, 1, b"j"),
+            Message(second, 0, b"k"),  # seen before: ignored
+        ],
+        0.0,
+    )
+    assert core.partitions[first].held == core.partitions[second].held == 2
+    taken = [
+        (e.tp, e.offset) for item in core.take(0.0, 8, ItemShape(8, 8, 8)) for e in item.entries
+    ]
+    assert sorted(taken) == [(first, 0), (first, 1), (second, 0), (second, 1)]
+
+
+@pytest.mark.parametrize("ordering", list(Ordering))
+def test_a_fetch_over_restored_ranges_skips_the_records_completed_before(
+    ordering: Ordering,
+) -> None:
+    """Offsets the restored offset map lists as completed are skipped, even in the middle
+    of a fetch's run of records; the others run, and the commit goes past all of them."""
+    core = WorkCore(ordering)
+    tp = (TOPIC, 0)
+    core.assign(tp, 0, [(1, 3), (5, 6)])
+    core.add_messages([Message(tp, offset, b"k%d" % offset) for offset in range(7)], 0.0)
+    assert core.partitions[tp].counts.restored_skips == 3
+    items = core.take(0.0, 8, ItemShape(8, 8, 8))
+    assert sorted(e.offset for item in items for e in item.entries) == [0, 3, 4, 6]
+    for item in items:
+        core.complete(item.id, [None] * len(item.entries), 0.0)
+    assert core.partitions[tp].committable() == 7
 
 
 @pytest.mark.parametrize("ordering", list(Ordering))

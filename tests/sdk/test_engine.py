@@ -355,9 +355,12 @@ def test_back_pressure_bounds_held_records_and_pauses(kafka: Kafka) -> None:
     engine = start_engine(kafka.bootstrap, topic, handle, options)
     try:
         wait_until(lambda: engine.stats().get("paused_partitions"), timeout=30, what="pause")
-        time.sleep(1.0)
-        held = engine.stats()["held"]
-        assert 100 <= held <= 100 + 1000, held  # the buffer, plus at most one fetch
+        wait_until(lambda: engine.stats()["held"] >= 100, timeout=10, what="a full buffer")
+        held = []
+        for _ in range(15):  # through the partitions' stall (and any give-back) after 1 s
+            held.append(engine.stats()["held"])
+            time.sleep(0.1)
+        assert max(held) <= 100 + 1000, held  # the buffer, plus at most one fetch
         release.set()
         wait_until(lambda: count["n"] == 4000, timeout=60, what="all records after release")
     finally:

@@ -75,6 +75,7 @@ class ShellMachine(RuleBasedStateMachine):
         process_delay=st.sampled_from([0.0, 0.0, 0.3]),
         gated=st.booleans(),
         keeps_metadata=st.booleans(),
+        fetch_run=st.sampled_from([1, 4]),
     )
     def setup(
         self,
@@ -86,6 +87,7 @@ class ShellMachine(RuleBasedStateMachine):
         process_delay: float,
         gated: bool,
         keeps_metadata: bool,
+        fetch_run: int,
     ) -> None:
         self.options = Options(
             ordering=ordering,
@@ -100,6 +102,7 @@ class ShellMachine(RuleBasedStateMachine):
         )
         self.clock = Clock()
         self.cluster = Cluster(TOPIC, PARTITIONS, self.clock, keeps_metadata)
+        self.cluster.fetch_run = fetch_run
         self.producer = SimProducer(self.cluster)
         self.gated = gated
         self.watermarks: dict[int, int | None] = dict.fromkeys(range(PARTITIONS))
