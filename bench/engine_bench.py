@@ -785,6 +785,7 @@ def main() -> None:
             results["memory"] = memory(
                 bootstrap, admin, 300_000 if args.quick else 1_000_000, 5 if args.quick else 10
             )
+        del admin  # a client left alive would keep trying to reach the stopped broker
     if args.only in (None, "throughput"):
         results["core"] = core_cost()
     results["pyrallel_consumer_stalls"] = peer.stalls
