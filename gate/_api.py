@@ -472,7 +472,7 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         gates = {}
         for name in service.config.gates:
             state = service.store.latest(name)
-            gates[name] = gate_summary(state, now) if state else None
+            gates[name] = gate_summary(state, now, service.stale_after) if state else None
         poll = service.last_poll
         ok, detail = service.readiness()
         return JSONResponse(
@@ -505,7 +505,7 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         partitions they hold back), and per partition: end offset, watermark, records
         waiting and for how long, the groups holding it, the dependent's own offset, and per
         dependency group its committed offset, lag and status."""
-        return JSONResponse(gate_status(_latest(gate), time.time()))
+        return JSONResponse(gate_status(_latest(gate), time.time(), service.stale_after))
 
     @app.get(
         "/status/{gate}/history",
@@ -540,19 +540,25 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         interval: Annotated[float, Query(ge=0.1, le=60)] = 1.0,
     ) -> AsyncIterator[ServerSentEvent]:
         """Event ``status`` (id = version, data = what ``GET /status/{gate}`` returns) now
-        and after every poll, at most once per ``interval`` seconds."""
+        and after every poll, at most once per ``interval`` seconds; while no poll succeeds,
+        again every half ``stale_after_s`` (at most 15 s), so the verdict turns unknown."""
         gate_state(gate)
         version = -1
+        quiet = min(15.0, max(1.0, service.stale_after / 2))
         while True:
-            state = await service.store.wait_latest(gate, version, 15.0)
+            state = await service.store.wait_latest(gate, version, quiet)
             if state is None:
-                yield ServerSentEvent(comment="keep-alive")
-                continue
+                state = service.store.latest(gate)
+                if state is None:
+                    yield ServerSentEvent(comment="keep-alive")
+                    continue
             version = state.version
             yield ServerSentEvent(
                 event="status",
                 id=str(version),
-                raw_data=json.dumps(gate_status(state, time.time()), separators=(",", ":")),
+                raw_data=json.dumps(
+                    gate_status(state, time.time(), service.stale_after), separators=(",", ":")
+                ),
             )
             await asyncio.sleep(interval)
 

@@ -18,10 +18,11 @@ from gate._watermark import format_time
 
 
 class VerdictBody(BaseModel):
-    state: Literal["released", "flowing", "stuck"] = Field(
+    state: Literal["released", "flowing", "stuck", "unknown"] = Field(
         description="released: nothing waits; flowing: records wait but the watermarks move "
         "(healthy); stuck: records have waited for stall_after at a watermark that has not "
-        "moved for as long (an alarm)."
+        "moved for as long (an alarm); unknown: no poll has succeeded for stale_after_s (the "
+        "other fields are the last snapshot's)."
     )
     text: str = Field(description="The verdict in one line, as the status page shows it.")
     records_waiting: int = Field(description="Records held back, over all partitions.")
@@ -74,6 +75,9 @@ class GateSummary(BaseModel):
     version: int = Field(description="The snapshot's version (milliseconds, increasing).")
     polled_at: str = Field(description="When the poll behind this snapshot started.")
     age_s: float = Field(description="Age of the snapshot when this answer was built.")
+    stale_after_s: float | None = Field(
+        description="Beyond this age the verdict is unknown (the service's readiness limit)."
+    )
     partition_count: int
     held_partitions: int = Field(description="Partitions where records wait.")
     unreleased_partitions: list[str] = Field(
@@ -140,7 +144,9 @@ def _age(at: float | None, now: float) -> float | None:
     return None if at is None else round(max(0.0, now - at), 3)
 
 
-def verdict_json(state: GateState, now: float) -> dict[str, Any]:
+def verdict_json(state: GateState, now: float, stale_after: float | None = None) -> dict[str, Any]:
+    """The verdict as ``/status`` gives it; ``unknown`` once the snapshot is older than
+    ``stale_after`` (no poll has succeeded since: what the last one said is no news)."""
     verdict = state.verdict
     if verdict.state == "released":
         text = "every record is released"
@@ -162,8 +168,17 @@ def verdict_json(state: GateState, now: float) -> dict[str, Any]:
             f"; {state.dependent} itself has {_records(verdict.released_unprocessed, 'released ')}"
             " to process"
         )
+    shown = verdict.state
+    age = state.snapshot.age(now)
+    if stale_after is not None and age > stale_after:
+        shown = "unknown"
+        polled = datetime.fromtimestamp(state.snapshot.polled_at, UTC).strftime("%H:%M:%S UTC")
+        text = (
+            f"unknown: no poll has succeeded for {_duration(age)} "
+            f"(the last one, at {polled}, said: {text})"
+        )
     return {
-        "state": verdict.state,
+        "state": shown,
         "text": text,
         "records_waiting": verdict.records_waiting,
         "released_within_s": None
@@ -191,7 +206,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def gate_summary(state: GateState, now: float) -> dict[str, Any]:
+def gate_summary(state: GateState, now: float, stale_after: float | None = None) -> dict[str, Any]:
     parts = list(state.partitions.values())
     groups: dict[str, dict[str, Any]] = {}
     for group, status in state.groups.items():
@@ -219,6 +234,7 @@ def gate_summary(state: GateState, now: float) -> dict[str, Any]:
         "version": state.version,
         "polled_at": format_time(state.snapshot.polled_at),
         "age_s": round(state.snapshot.age(now), 3),
+        "stale_after_s": stale_after,
         "partition_count": len(parts),
         "held_partitions": sum(1 for p in parts if (p.waiting or 0) > 0),
         "unreleased_partitions": [
@@ -227,13 +243,13 @@ def gate_summary(state: GateState, now: float) -> dict[str, Any]:
         "records_waiting": sum(p.waiting or 0 for p in parts),
         "missing_topics": list(state.missing_topics),
         "groups": groups,
-        "verdict": verdict_json(state, now),
+        "verdict": verdict_json(state, now, stale_after),
         "dependent": dependent,
     }
 
 
-def gate_status(state: GateState, now: float) -> dict[str, Any]:
-    body = gate_summary(state, now)
+def gate_status(state: GateState, now: float, stale_after: float | None = None) -> dict[str, Any]:
+    body = gate_summary(state, now, stale_after)
     body["partitions"] = [_partition(part, now) for part in state.partitions.values()]
     return body
 

@@ -265,13 +265,19 @@ class GateService:
                 delay = 0
             await asyncio.sleep(delay)
 
+    @property
+    def stale_after(self) -> float:
+        """Seconds without a successful poll after which the service is not ready, and a
+        gate's verdict is unknown."""
+        return (self.config.readiness_max_age_ms or 0) / 1000
+
     def readiness(self, now: float | None = None) -> tuple[bool, str]:
         """Whether a poll succeeded recently enough, with a reason."""
         now = time.time() if now is None else now
         if self.last_success is None:
             return False, "no successful poll yet"
         age = now - self.last_success
-        limit = (self.config.readiness_max_age_ms or 0) / 1000
+        limit = self.stale_after
         if age > limit:
             return False, f"last successful poll {age:.1f}s ago (limit {limit:.1f}s)"
         detail = f"last successful poll {age:.1f}s ago"

@@ -96,7 +96,12 @@ def render(service: Mapping[str, Any], details: list[Mapping[str, Any]], limit: 
     return Group(*parts)
 
 
-VERDICT_STYLES = {"released": "green", "flowing": "green", "stuck": "bold red"}
+VERDICT_STYLES = {
+    "released": "green",
+    "flowing": "green",
+    "stuck": "bold red",
+    "unknown": "bold yellow",
+}
 
 
 def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:

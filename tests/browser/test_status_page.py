@@ -189,6 +189,43 @@ def test_a_stuck_gate_is_an_alarm_naming_the_group(browser, kafka: Kafka) -> Non
         page.screenshot(path=str(ARTIFACTS / "status-page-stuck.png"), full_page=True)
 
 
+def test_the_verdict_turns_unknown_while_kafka_is_unreachable(browser, local_broker) -> None:  # type: ignore[no-untyped-def]
+    """The page already open when Kafka stops answering: once the snapshot is older than the
+    readiness limit, the verdict says it does not know (and what the last poll said), and
+    it turns back when polls succeed again."""
+    kafka = Kafka(local_broker.bootstrap)
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 20})
+    b = unique("service-b")
+    kafka.commit(b, topic, {0: 5})
+    config = gate_config(
+        local_broker.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b]}},
+        poll_interval_ms=100,
+        request_timeout_ms=300,
+        readiness_max_age_ms=1000,
+    )
+    with serve_gate(config) as gate:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'flowing'", timeout=15_000
+        )
+        local_broker.suspend()
+        try:
+            page.wait_for_function(
+                "document.getElementById('verdict').dataset.state === 'unknown'", timeout=15_000
+            )
+            text = page.locator("#verdict").inner_text()
+            assert text.startswith("service-a: unknown: no poll has succeeded for"), text
+            assert "said: flowing: 15 records in transit" in text
+        finally:
+            local_broker.resume()
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'flowing'", timeout=30_000
+        )
+
+
 def test_the_page_fits_a_phone(browser, scenario) -> None:  # type: ignore[no-untyped-def]
     gate = scenario[0]
     page = browser.new_page()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -206,6 +207,13 @@ def test_kafka_outage_keeps_the_last_snapshot_and_recovers(local_broker: LocalBr
     with serve_gate(config) as gate:
         url = gate.url
         wait_until(lambda: released_map(url, "a", topic) == {"0": 7}, what="first snapshot")
+        events: list[str] = []  # a status page following the gate through the outage
+        stop = threading.Event()
+        follower = threading.Thread(
+            target=follow_status, args=(f"{url}/status/a/stream", events, stop), daemon=True
+        )
+        follower.start()
+        wait_until(lambda: events, what="the stream's first status")
         local_broker.suspend()
         try:
             wait_until(
@@ -222,14 +230,39 @@ def test_kafka_outage_keeps_the_last_snapshot_and_recovers(local_broker: LocalBr
                 == 200
             )
             assert httpx.get(f"{url}/status").json()["last_poll"]["errors"]
+            # The verdict no longer passes the last snapshot's off as news, on the stream too.
+            verdict = httpx.get(f"{url}/status/a").json()["verdict"]
+            assert verdict["state"] == "unknown", verdict
+            assert verdict["text"].startswith("unknown: no poll has succeeded for"), verdict
+            wait_until(
+                lambda: any('"state":"unknown"' in data for data in events),
+                timeout=10,
+                what="the stream following the gate to say unknown",
+            )
         finally:
             local_broker.resume()
         wait_until(
             lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=20, what="recovered"
         )
+        assert httpx.get(f"{url}/status/a").json()["verdict"]["state"] != "unknown"
+        stop.set()
+        follower.join(10)
         kafka.commit("b", topic, {0: 9})
         wait_until(lambda: released_map(url, "a", topic) == {"0": 9}, timeout=20, what="fresh data")
         assert "gate_poll_errors_total" in httpx.get(f"{url}/metrics").text
+
+
+def follow_status(url: str, events: list[str], stop: threading.Event) -> None:
+    """Collect the data of a server-sent event stream's ``status`` events until ``stop``."""
+    with contextlib.suppress(httpx.HTTPError), httpx.stream("GET", url, timeout=30) as response:
+        event = None
+        for line in response.iter_lines():
+            if stop.is_set():
+                return
+            if line.startswith("event:"):
+                event = line.partition(":")[2].strip()
+            elif line.startswith("data:") and event == "status":
+                events.append(line.partition(":")[2])
 
 
 def test_redis_outage_and_restart_republishes(kafka: Kafka, local_redis: LocalRedis) -> None:

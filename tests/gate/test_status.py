@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate import DependencyStatus, GateEvaluator, PollResult, StatusPolicy
+from gate._report import gate_summary
 
 OK, LAGGING, STALLED, REWOUND, MISSING = (
     DependencyStatus.OK,
@@ -150,6 +151,23 @@ def test_the_verdict_tells_a_flow_from_a_stall() -> None:
     assert state.verdict.stuck_on == ("b",) and state.verdict.stuck_since == 7.0
     released = ev.observe(poll(21.0, {"b": {0: 30}, "c": {0: 30}}, {0: 30}, 1))
     assert released.verdict is not None and released.verdict.state == "released"
+
+
+def test_a_verdict_older_than_the_readiness_limit_is_unknown() -> None:
+    """No poll has succeeded for longer than the service's readiness limit: the status no
+    longer says "flowing" (the last snapshot's news is old); it says it does not know, and
+    what the last poll said."""
+    ev = evaluator()
+    state = ev.observe(poll(100.0, {"b": {0: 5}, "c": {0: 6}}, {0: 9}, 1))
+    assert state.verdict is not None and state.verdict.state == "flowing"
+    fresh = gate_summary(state, 105.0, stale_after=10.0)
+    assert fresh["verdict"]["state"] == "flowing" and fresh["stale_after_s"] == 10.0
+    stale = gate_summary(state, 130.0, stale_after=10.0)["verdict"]
+    assert stale["state"] == "unknown"
+    assert stale["text"].startswith("unknown: no poll has succeeded for 30 s")
+    assert "said: flowing: 4 records in transit" in stale["text"]
+    assert stale["records_waiting"] == 4  # the last snapshot's figures stay
+    assert gate_summary(state, 130.0)["verdict"]["state"] == "flowing"  # no limit given
 
 
 def test_the_dependent_s_own_progress_names_the_bottleneck() -> None:
