@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from itertools import repeat
+from itertools import islice, repeat
 from operator import lt
 from typing import Any, NamedTuple
 
@@ -62,7 +62,7 @@ __all__ = ["NOT_STARTED", "TP", "Commit", "Entry", "Item", "ItemShape", "Outcome
 
 def _increasing(offsets: list[int]) -> bool:
     """Whether each offset is higher than the one before (as fetches hand them over)."""
-    return all(map(lt, offsets, itertools.islice(offsets, 1, None)))
+    return all(map(lt, offsets, islice(offsets, 1, None)))
 
 
 def _due(message: Any, delay: float) -> float:
@@ -253,11 +253,7 @@ class WorkCore:
         state = shard.state
         queue = shard.queue
         if state == RUNNING and self.follow_on and not queue:
-            joined = self._join(shard, entries, now)
-            if joined:
-                if joined == len(entries):
-                    return
-                entries = entries[joined:]
+            entries = entries[self._join(shard, entries, now) :]
         queue.extend(entries)
         if state == IDLE:
             shard.state = READY
@@ -406,9 +402,7 @@ class WorkCore:
         if self.unordered:  # (UNORDERED shards were let go when take() emptied them)
             return outcome
         scheduler = self.scheduler
-        last = part = None
-        lane_keys: dict[object, Entry] = {}
-        shards: dict[object, Shard] = {}
+        last = None
         for entry in item.entries:
             shard = entry.shard
             if shard is last:
@@ -420,18 +414,14 @@ class WorkCore:
             # A lane's record is over (done, or on its way to the dead-letter topic): the
             # next record of its key, in a shard owned by this item, may go.
             entry.run = None  # its item's list refers to it: no cycle for the collector
-            if entry.part is not part:
-                part = entry.part
-                lane_keys, shards = ({}, {}) if part.dead else (part.lane_keys, part.shards)
+            part = entry.part
             key = entry.key
-            prior = lane_keys.pop(key, None)
-            if prior is not entry:
-                if prior is not None:
-                    lane_keys[key] = prior  # (not this record's: it stays)
-                continue
-            follower = shards.get(key)
-            if follower is not None:
-                scheduler.hand_back(follower, now)
+            lane_keys = part.lane_keys
+            if lane_keys.get(key) is entry and not part.dead:
+                del lane_keys[key]
+                follower = part.shards.get(key)
+                if follower is not None:
+                    scheduler.hand_back(follower, now)
         return outcome
 
     @staticmethod
