@@ -8,7 +8,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gate ./gate
 COPY sdk ./sdk
-# Every dependency ships binary wheels: the image needs no compiler. Byte code is compiled
+# Every dependency ships binary wheels: the image needs no compiler (without setup.py, the
+# SDK's engine core, which the gate does not run, installs as pure Python). Byte code is compiled
 # here, so the read-only root filesystem at run time costs nothing.
 RUN python -m venv /opt/gate \
     && /opt/gate/bin/pip install --only-binary=:all: . \

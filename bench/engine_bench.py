@@ -46,6 +46,7 @@ from rich.progress import Progress, track
 from bench._report import console, table, write
 from gate._local import BROKERS
 from sdk import Options, Ordering, ParallelConsumer
+from sdk._compiled import COMPILED, PURE_ENV, PURE_REASON
 from sdk._core import WorkCore
 from sdk._shards import ItemShape
 
@@ -518,54 +519,86 @@ class _Message:
         return (0, 0)
 
 
-def core_cost(records: int = 300_000, rounds: int = 3) -> list[dict[str, Any]]:
-    """The consumer thread's Python time per record in the engine's pure core, without a
-    broker or workers: records registered in fetches of 5,000 (12 partitions, 100,000 random
-    keys), taken into items 64 at a time, half of the items completed each turn, with the
-    default buffer and items shaped as the engine shapes them for a fast handler (single
-    records: items of up to ``max_item_records``, which records of a running key may join;
-    batches: one record per shard). Best of ``rounds``."""
+def core_round(records: int) -> dict[str, float]:
+    """One round of the core measurement (see :func:`core_cost`) in this process: seconds
+    per workload, and which core ran."""
     rng = random.Random(1)
     keys = [f"key-{i}".encode() for i in range(100_000)]
     messages = [_Message(i % 12, i // 12, keys[rng.randrange(len(keys))]) for i in range(records)]
     fetches = [
         sorted(messages[i : i + 5000], key=lambda m: m.partition()) for i in range(0, records, 5000)
     ]
-    full = Options().max_item_records
-    workloads = {
-        "KEY, single record": (Ordering.KEY, ItemShape(full, full, full), full),
-        "KEY, batch of 500": (Ordering.KEY, ItemShape(500, 1, 500), 0),
-        "UNORDERED, single record": (Ordering.UNORDERED, ItemShape(full, full, full), full),
-    }
+    seconds = {}
+    for name, (ordering, shape, follow_on) in CORE_WORKLOADS.items():
+        limit = Options(ordering=ordering, max_concurrency=16).buffer_limit  # default
+        core = WorkCore(ordering, buffer_limit=limit, follow_on=follow_on)
+        for partition in range(12):
+            core.assign(("t", partition), 0)
+        started = time.perf_counter()
+        fetched, finished, now = 0, 0, 0.0
+        running: list[Any] = []
+        while finished < records:
+            if fetched < len(fetches) and core.room(now) >= 5000:
+                core.add_messages(fetches[fetched], now)
+                fetched += 1
+            running += core.take(now, 64 - len(running), shape)
+            half = max(1, len(running) // 2)
+            for item in running[:half]:
+                core.complete(item.id, [None] * len(item.entries), now)
+                finished += len(item.entries)
+            del running[:half]
+            now += 0.001
+        seconds[name] = time.perf_counter() - started
+    return seconds
+
+
+_FULL = Options().max_item_records
+CORE_WORKLOADS = {
+    "KEY, single record": (Ordering.KEY, ItemShape(_FULL, _FULL, _FULL), _FULL),
+    "KEY, batch of 500": (Ordering.KEY, ItemShape(500, 1, 500), 0),
+    "UNORDERED, single record": (Ordering.UNORDERED, ItemShape(_FULL, _FULL, _FULL), _FULL),
+}
+
+
+def core_cost(records: int = 300_000, rounds: int = 3) -> list[dict[str, Any]]:
+    """The consumer thread's Python time per record in the engine's core, without a broker
+    or workers, compiled and pure Python alternating in fresh processes: records registered
+    in fetches of 5,000 (12 partitions, 100,000 random keys), taken into items 64 at a time,
+    half of the items completed each turn, with the default buffer and items shaped as the
+    engine shapes them for a fast handler (single records: items of up to
+    ``max_item_records``, which records of a running key may join; batches: one record per
+    shard). Best of ``rounds`` for each core."""
+    cores = ["compiled", "pure"] if COMPILED else ["pure"]
+    best: dict[str, dict[str, float]] = {core: {} for core in cores}
+    code = f"import json; from bench.engine_bench import core_round; print(json.dumps(core_round({records})))"
+    for round_ in range(rounds):
+        for core in cores if round_ % 2 == 0 else cores[::-1]:
+            env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
+            if core == "pure":
+                env[PURE_ENV] = "1"
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            )
+            for name, seconds in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                best[core][name] = min(best[core].get(name, float("inf")), seconds)
     rows = []
-    for name, (ordering, shape, follow_on) in workloads.items():
-        best = float("inf")
-        for _ in range(rounds):
-            limit = Options(ordering=ordering, max_concurrency=16).buffer_limit  # default
-            core = WorkCore(ordering, buffer_limit=limit, follow_on=follow_on)
-            for partition in range(12):
-                core.assign(("t", partition), 0)
-            started = time.perf_counter()
-            fetched, finished, now = 0, 0, 0.0
-            running: list[Any] = []
-            while finished < records:
-                if fetched < len(fetches) and core.room(now) >= 5000:
-                    core.add_messages(fetches[fetched], now)
-                    fetched += 1
-                running += core.take(now, 64 - len(running), shape)
-                half = max(1, len(running) // 2)
-                for item in running[:half]:
-                    core.complete(item.id, [None] * len(item.entries), now)
-                    finished += len(item.entries)
-                del running[:half]
-                now += 0.001
-            best = min(best, time.perf_counter() - started)
-        rows.append({"workload": name, "us_per_record": round(best / records * 1e6, 2)})
+    for name in CORE_WORKLOADS:
+        row: dict[str, Any] = {"workload": name}
+        for core in cores:
+            row[f"us_per_record_{core}"] = round(best[core][name] / records * 1e6, 2)
+        if COMPILED:
+            row["pure_over_compiled"] = round(best["pure"][name] / best["compiled"][name], 2)
+        rows.append(row)
+    note = "" if COMPILED else f" (the compiled core is not available: {PURE_REASON})"
     table(
         f"The core's consumer-thread time per record ({records:,} records, no broker, "
-        f"best of {rounds})",
-        ["workload", "us per record"],
-        [[r["workload"], r["us_per_record"]] for r in rows],
+        f"best of {rounds}){note}",
+        [
+            "workload",
+            *[f"{core} (us)" for core in cores],
+            *(["pure / compiled"] if COMPILED else []),
+        ],
+        [[r["workload"], *list(r.values())[1:]] for r in rows],
     )
     return rows
 

@@ -20,6 +20,7 @@ on have committed past it::
     consumer.run()
 """
 
+import sdk._compiled  # noqa: F401 - chooses the compiled or the pure core first
 from sdk._engine import EngineError, ParallelConsumer, stop_on_signals
 from sdk._gating import Gate, GateTimeout, gated
 from sdk._offsets import OffsetMapError, decode_offset_map, encode_offset_map

@@ -130,7 +130,7 @@ class WorkCore:
     # ---- assignment ---------------------------------------------------------------------
 
     def assign(
-        self, tp: TP, committed: int | None, restored: Ranges = (), now: float = 0.0
+        self, tp: TP, committed: int | None, restored: Ranges | tuple[()] = (), now: float = 0.0
     ) -> None:
         """Start tracking a partition whose consumption starts at ``committed``; ``restored``:
         ranges of offsets completed before (from an offset map written for ``committed``)."""
@@ -571,7 +571,8 @@ class WorkCore:
         pressure = self.fetch_stopped or self.full or len(self.retrying) >= self.max_retrying
         crowded = self.held() >= self.buffer_limit
         share = self.share()
-        pause, resume = [], []
+        pause: list[TP] = []
+        resume: list[TP] = []
         for tp, part in self.partitions.items():
             if part.revoked:
                 continue

@@ -6,9 +6,11 @@ see a finished snapshot (the live core belongs to the consumer's thread).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+from sdk._compiled import COMPILED
 from sdk._partition import TP
 
 if TYPE_CHECKING:
@@ -37,8 +39,9 @@ def snapshot(consumer: ParallelConsumer, now: float) -> dict[str, Any]:
         "paused_with_work_s": sum(c.paused_with_work_s for c in core.counts.values()),
         "paused": consumer.paused_by_user,
         "offset_map_store": consumer._maps.kind,
+        "core": "compiled" if COMPILED else "pure",
         "partitions": partitions,
-        "counts": {tp: vars(c).copy() for tp, c in core.counts.items()},
+        "counts": {tp: dataclasses.asdict(c) for tp, c in core.counts.items()},
         "latency": latency(consumer),
         "holds": ([], 0.0)
         if consumer._holds is None

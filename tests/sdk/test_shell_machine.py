@@ -151,18 +151,18 @@ class ShellMachine(RuleBasedStateMachine):
     def watch_joins(self, engine: SimEngine) -> None:
         """Records that join a running item start there: check them as they join."""
         core = engine.core
-        register = core.add_messages
+        register = engine._register
 
-        def add_messages(messages: Any, now: float, with_timestamps: bool = False) -> None:
+        def registered(messages: Any, now: float) -> None:
             before = {item.id: len(item.entries) for item in core.outstanding.values()}
-            register(messages, now, with_timestamps)
+            register(messages, now)
             for item in core.outstanding.values():
                 joined = item.entries[before.get(item.id, len(item.entries)) :]
                 if joined:
                     self.joined += len(joined)
                     self.started(item, joined)
 
-        core.add_messages = add_messages  # type: ignore[method-assign]
+        engine._register = registered  # type: ignore[method-assign]
 
     def turn(self) -> None:
         """One turn of the consumer's loop; its wait must not be a spin."""

@@ -1,0 +1,49 @@
+"""Builds the engine's core (``sdk._compiled.CORE``) with mypyc when it can.
+
+Without mypyc or a C compiler, or with ``KAFKA_GATE_PURE_CORE=1``, the package installs as
+pure Python and runs the same core uncompiled (``sdk/_compiled.py`` chooses at import).
+"""
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+CORE = ("_shards", "_partition", "_scheduler", "_core")
+SDK = Path(__file__).parent / "sdk"
+BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
+"""The commands that build extensions (the metadata steps need none: compiling takes a while)."""
+
+
+def compiled_core() -> list:
+    if not BUILDS.intersection(sys.argv[1:]):
+        return []
+    digests = SDK / "compiled-core.json"
+    digests.unlink(missing_ok=True)
+    if os.environ.get("KAFKA_GATE_PURE_CORE"):
+        return []
+    try:
+        from mypyc.build import mypycify
+
+        extensions = mypycify(
+            ["--ignore-missing-imports", "--follow-imports=silent"]
+            + [f"sdk/{name}.py" for name in CORE],
+            group_name="sdk._native",
+        )
+    except (Exception, SystemExit) as exc:  # mypyc absent, or it refused (type errors)
+        print(f"kafka-gate: installing the pure-Python engine core ({exc!r})", file=sys.stderr)
+        return []
+    for extension in extensions:
+        extension.optional = True  # a failed C build leaves the pure-Python core
+    digests.write_text(
+        json.dumps(
+            {name: hashlib.sha256((SDK / f"{name}.py").read_bytes()).hexdigest() for name in CORE}
+        )
+    )
+    return extensions
+
+
+setup(ext_modules=compiled_core())
