@@ -5,7 +5,7 @@ records a digest of the sources it compiled. The compiled core is used only when
 its modules was built from the sources next to it: a source edited since (an editable
 install), a missing build or ``KAFKA_GATE_PURE_CORE=1`` gives the pure-Python core, the
 four modules together (their classes cannot be mixed). Both behave the same and run the
-same tests; the compiled one is about 1.5-2x faster on the consumer's thread.
+same tests; the compiled one does the consumer's thread's own work about 1.3-2x faster.
 
 Imported by ``sdk/__init__.py`` before anything else of the package.
 """
