@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# The demo does not need the SDK's compiled core: it skips the minute compiling takes.
+# The demo does not need the SDK's compiled core: it skips the half minute compiling takes.
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	KAFKA_GATE_PURE_CORE=1 $(BIN)/python -m pip install --quiet -e '.[local]'
 	@touch $@
