@@ -21,8 +21,13 @@ BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "ins
 def compiled_core() -> list:
     if not BUILDS.intersection(sys.argv[1:]):
         return []
+    # What an earlier build left in the sources (an editable install) goes first: a build that
+    # fails or is skipped must leave no compiled module of other sources behind.
     digests = SDK / "compiled-core.json"
     digests.unlink(missing_ok=True)
+    for name in (*CORE, "_native__mypyc"):
+        for stale in SDK.glob(f"{name}.*.so"):
+            stale.unlink()
     if os.environ.get("KAFKA_GATE_PURE_CORE"):
         return []
     try:

@@ -521,7 +521,7 @@ class _Message:
 
 def core_round(records: int) -> dict[str, float]:
     """One round of the core measurement (see :func:`core_cost`) in this process: seconds
-    per workload, and which core ran."""
+    per workload."""
     rng = random.Random(1)
     keys = [f"key-{i}".encode() for i in range(100_000)]
     messages = [_Message(i % 12, i // 12, keys[rng.randrange(len(keys))]) for i in range(records)]
