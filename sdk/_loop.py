@@ -136,7 +136,15 @@ class ConsumerLoop:
     def _fetch(self, timeout: float) -> None:
         consumer = self._consumer
         assert consumer is not None
-        room = self.core.room(self._time())
+        core = self.core
+        now = self._time()
+        room = core.room(now)
+        if room <= 0 and core.outstanding:
+            # Records that items still running have finished free their room once applied
+            # (otherwise only at the next commit or the item's end: a slow key's long item
+            # would keep the buffer full for its whole run).
+            core.collect_progress(now)
+            room = core.room(now)
         if room <= 0:
             # The buffer is used up to its reserve: serve librdkafka's callbacks now and then,
             # taking at most one record (into the reserve). Partitions are not paused for it:

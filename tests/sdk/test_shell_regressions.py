@@ -517,3 +517,28 @@ def test_a_record_never_joins_a_running_item_under_a_watermark_the_gate_lowered(
     shell.turn()
     assert [e.offset for e in first.entries] == [0], "it joined under the old watermark"
     assert shell.engine.core.partitions[(TOPIC, 0)].limit == 1
+
+
+# ---- a long item's finished records free their room before the item ends ---------------
+
+
+def test_records_a_running_item_finished_free_buffer_room_before_the_item_ends() -> None:
+    """One shard's records fill the buffer in one item that runs for long (a slow key); its
+    worker has finished the first ten. Applied only at the item's end or the next commit,
+    they would keep the buffer full all that time, and the records after them (other keys,
+    in the real case) would wait in the broker while workers sit idle. They free their room
+    as soon as the buffer has none left."""
+    shell = Shell(Options(ordering=Ordering.PARTITION, max_buffered=16, commit_interval=60))
+    shell.cluster.produce(0, [b"a"] * 40)
+    shell.turn()
+    [item] = shell.running()
+    assert [e.offset for e in item.entries] == list(range(15))  # the buffer less its reserve
+    item.finished = 10  # the worker's progress so far; the item goes on running
+    shell.turn(times=4)
+    part = shell.engine.core.partitions[TP0]
+    assert part.highest >= 24, "the finished records kept their room until the item ended"
+    assert part.held <= 16
+    assert shell.committed() in (None, 0)  # nothing committed meanwhile: no commit was due
+    shell.finish_all()
+    shell.turn(seconds=60)  # the next commit
+    assert shell.committed() == 40
