@@ -196,50 +196,48 @@ class WorkCore:
     ) -> None:
         """Register a run of one partition's fetched records and queue them."""
         if offsets[0] > part.highest and not part.restored and _increasing(offsets):
-            pending = part.pending
-            if not pending:
-                part.head_since = now
-            pending.extend(offsets)
-            part.highest = offsets[-1]
+            first = part.register(offsets, now)
+            seqs: Sequence[int] = range(first, first + len(offsets))
         else:
-            run, offsets = self._register_one_by_one(part, run, now)
+            run, offsets, seqs = self._register_one_by_one(part, run, now)
             if not run:
                 return
         not_before = [_due(message, delay) for message in run] if delay else None
         if self.key_ordered:
-            self._enqueue_keyed(part, run, offsets, not_before, now)
+            self._enqueue_keyed(part, run, offsets, seqs, not_before, now)
         else:
-            self._enqueue(part, run, offsets, not_before, now)
+            self._enqueue(part, run, offsets, seqs, not_before, now)
 
     @staticmethod
     def _register_one_by_one(
         part: PartitionState, run: list[Any], now: float
-    ) -> tuple[list[Any], list[int]]:
+    ) -> tuple[list[Any], list[int], list[int]]:
         """Register a run's records one at a time, leaving out offsets already seen and those
-        the restored offset map says were completed; returns the records left to queue."""
-        kept, offsets = [], []
-        pending = part.pending
+        the restored offset map says were completed; returns the records left to queue, their
+        offsets and their sequence numbers."""
+        kept: list[Any] = []
+        offsets: list[int] = []
+        seqs: list[int] = []
         for message in run:
             offset = message.offset()
             if offset <= part.highest:
                 continue
-            part.highest = offset
-            if not pending:
-                part.head_since = now
-            pending.append(offset)
+            seq = part.register([offset], now)
             if part.restored and part.was_completed(offset):
                 part.counts.restored_skips += 1
-                part.complete(offset, now)
+                part.complete(seq, now)
                 continue
             kept.append(message)
             offsets.append(offset)
-        return kept, offsets
+            seqs.append(seq)
+        return kept, offsets, seqs
 
     def _enqueue(
         self,
         part: PartitionState,
         run: list[Any],
         offsets: list[int],
+        seqs: Sequence[int],
         not_before: list[float] | None,
         now: float,
     ) -> None:
@@ -248,7 +246,7 @@ class WorkCore:
         if shard is None:
             shard = self.scheduler.new_shard(None, part)
         entries = list(
-            map(Entry, offsets, repeat(part), repeat(shard), run, not_before or repeat(0.0))
+            map(Entry, offsets, repeat(part), repeat(shard), run, not_before or repeat(0.0), seqs)
         )
         state = shard.state
         queue = shard.queue
@@ -264,6 +262,7 @@ class WorkCore:
         part: PartitionState,
         run: list[Any],
         offsets: list[int],
+        seqs: Sequence[int],
         not_before: list[float] | None,
         now: float,
     ) -> None:
@@ -278,7 +277,7 @@ class WorkCore:
         assert lane is not None
         lane_queue = lane.queue
         dues = not_before or repeat(0.0)
-        for offset, message, due in zip(offsets, run, dues, strict=False):
+        for offset, message, due, seq in zip(offsets, run, dues, seqs, strict=False):
             key = message.key()
             if key is None and null_keys_unordered:
                 key = (None, offset)  # alone with its offset: unordered
@@ -286,7 +285,7 @@ class WorkCore:
             if shard is None:
                 prior = lane_keys.get(key)
                 if prior is None:  # no earlier record of its key is queued or running
-                    entry = lane_keys[key] = Entry(offset, part, lane, message, due)
+                    entry = lane_keys[key] = Entry(offset, part, lane, message, due, seq)
                     entry.key = key
                     lane_queue.append(entry)
                     continue
@@ -299,7 +298,7 @@ class WorkCore:
                 else:  # owned by the item running ``prior``: it may join that item
                     shard.state = RUNNING
                     shard.run = prior.run
-            entry = Entry(offset, part, shard, message, due)
+            entry = Entry(offset, part, shard, message, due, seq)
             state = shard.state
             if (
                 state == RUNNING
@@ -426,19 +425,21 @@ class WorkCore:
 
     @staticmethod
     def _processed(entries: Sequence[Entry], now: float) -> None:
-        """These records were processed: each run of one partition's records at once."""
-        runs: list[tuple[PartitionState, list[int]]] = []
-        part = None
-        offsets: list[int] = []
+        """These records were processed (each partition's head moves once per run of its
+        records)."""
+        part: PartitionState | None = None
+        count = 0
         for entry in entries:
             if entry.part is not part:
-                part, offsets = entry.part, []
-                runs.append((part, offsets))
-            offsets.append(entry.offset)
-        for part, offsets in runs:
-            if not part.dead:
-                part.counts.processed += len(offsets)
-                part.complete_many(offsets, now)
+                if part is not None and not part.dead:
+                    part.counts.processed += count
+                    part.advance(now)
+                part, count = entry.part, 0
+            part.finish(entry.seq)
+            count += 1
+        if part is not None and not part.dead:
+            part.counts.processed += count
+            part.advance(now)
 
     def _own_shard(self, entry: Entry) -> Shard:
         """The shard a record returns to when it did not complete: a lane's record moves to a
@@ -469,7 +470,7 @@ class WorkCore:
                 continue
             if result is None:
                 part.counts.processed += 1
-                part.complete(entry.offset, now)
+                part.complete(entry.seq, now)
             elif result is NOT_STARTED:
                 if self.unordered:  # its shard may be gone: it waits in one of its own
                     self.scheduler.alone(entry, "not started")
@@ -488,7 +489,7 @@ class WorkCore:
                     outcome.dead_letters.append(entry)
                 elif decision == SKIP:
                     part.counts.skipped += 1
-                    part.complete(entry.offset, now)
+                    part.complete(entry.seq, now)
                 else:
                     part.counts.stuck += 1
                     self.stuck[entry] = None
@@ -509,7 +510,7 @@ class WorkCore:
         part = entry.part
         if not part.dead:
             part.counts.dead_lettered += 1
-            part.complete(entry.offset, now)
+            part.complete(entry.seq, now)
 
     # ---- release limits (gating) and pausing --------------------------------------------
 
@@ -549,7 +550,7 @@ class WorkCore:
         share = self.share()
         used = held_total = 0
         for part in self.partitions.values():
-            held = len(part.pending)
+            held = part.held
             held_total += held
             used += share if held > share and part.stalled(now) else held
         return max(used, held_total - share)
@@ -596,7 +597,7 @@ class WorkCore:
             if (
                 part.fetch != PAUSED
                 or part.revoked
-                or len(part.pending) <= share
+                or part.held <= share
                 or now - part.given_back_at < STALL_AFTER
                 or not part.stalled(now)
             ):
@@ -617,10 +618,7 @@ class WorkCore:
         forgotten = self.scheduler.give_back(part, offset)
         if part.lane_keys:
             part.lane_keys = {k: e for k, e in part.lane_keys.items() if e.offset < offset}
-        pending = part.pending
-        while pending and pending[-1] >= offset:
-            pending.pop()
-        part.highest = offset - 1
+        part.forget_from(offset)
         part.counts.given_back += forgotten
         return forgotten
 

@@ -3,6 +3,11 @@
 * **Held** records are every offset registered from the lowest incomplete one on: buffered,
   in flight, parked for retry, stuck, *and* completed beyond the lowest incomplete one (they
   are remembered until the commit passes them). That count is what the memory bound limits.
+* **Completion** is kept as a window: the registered offsets in order, a flag per offset
+  saying whether it is done, and the index of the lowest incomplete one (the head). Each
+  registered record has a sequence number, its place in that order, so marking it done is
+  one flag and the head moves over the flags already set; the done prefix is cut off in
+  bulk. Offsets need not be contiguous (compaction and transaction markers leave gaps).
 * The **committable** offset is the lowest incomplete offset, or one past the highest
   registered offset when none is incomplete - never derived from the fetch position.
 * The **offset map** lists the completed offsets beyond it; it is re-encoded only when they
@@ -26,8 +31,8 @@ Pure: no I/O, time is passed in.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +47,10 @@ UNKNOWN, FETCHING, PAUSED = range(3)
 
 STALL_AFTER = 1.0
 """Seconds without progress at its head after which a partition counts as stalled."""
+
+CUT_AT = 1024
+"""The done prefix of the completion window is cut off once it is this long (and at least as
+long as what is held): each offset is copied at most once on average."""
 
 
 @dataclass
@@ -67,14 +76,18 @@ class PartitionState:
     """One assignment of one partition (a new object for every assignment)."""
 
     __slots__ = (
+        "base",
         "blocked",
         "blocked_since",
         "counts",
+        "cut_at",
         "dead",
-        "done",
         "done_changes",
+        "done_count",
         "fetch",
+        "finished",
         "given_back_at",
+        "head",
         "head_since",
         "highest",
         "lane",
@@ -84,8 +97,8 @@ class PartitionState:
         "map_cap",
         "map_changes",
         "map_text",
+        "offsets",
         "pause_checked",
-        "pending",
         "restored",
         "revoked",
         "sent",
@@ -102,9 +115,15 @@ class PartitionState:
         self.start = start
         self.revoked = False  # no new work: in-flight records may still finish
         self.dead = False  # dropped: anything still referring to it is stale
-        self.pending: deque[int] = deque()  # registered offsets from the lowest incomplete on
-        self.done: set[int] = set()  # completed offsets beyond the lowest incomplete
-        self.done_changes = 0  # bumped whenever ``done`` changes
+        # The completion window: registered offsets in order, whether each is done, and the
+        # index of the lowest incomplete one; ``base`` is the sequence number of offsets[0].
+        self.offsets: list[int] = []
+        self.finished: list[bool] = []
+        self.head = 0
+        self.base = 0
+        self.done_count = 0  # done offsets beyond the head
+        self.cut_at = CUT_AT
+        self.done_changes = 0  # bumped whenever the done offsets beyond the head change
         self.highest = -1
         self.restored = deque(r for r in restored if start is None or r[1] > start)
         self.limit: int | None = None  # release limit (watermark); None: everything
@@ -128,11 +147,38 @@ class PartitionState:
     @property
     def held(self) -> int:
         """Records this partition holds in memory (completed beyond the head included)."""
-        return len(self.pending)
+        return len(self.offsets) - self.head
 
     @property
     def incomplete(self) -> int:
-        return len(self.pending) - len(self.done)
+        return len(self.offsets) - self.head - self.done_count
+
+    def lowest_incomplete(self) -> int | None:
+        head = self.head
+        return self.offsets[head] if head < len(self.offsets) else None
+
+    def held_offsets(self) -> list[int]:
+        """The offsets held, in order (for diagnostics and tests: O(held))."""
+        return self.offsets[self.head :]
+
+    def completed_beyond_head(self) -> list[int]:
+        """The done offsets beyond the lowest incomplete one, in order (O(held))."""
+        if not self.done_count:
+            return []
+        head = self.head
+        offsets, finished = self.offsets, self.finished
+        return [offsets[i] for i in range(head, len(offsets)) if finished[i]]
+
+    def register(self, offsets: list[int], now: float) -> int:
+        """Hold these fetched offsets (increasing, beyond :attr:`highest`); returns the
+        sequence number of the first (the others follow it)."""
+        first = self.base + len(self.offsets)
+        if self.head == len(self.offsets):
+            self.head_since = now
+        self.offsets.extend(offsets)
+        self.finished.extend([False] * len(offsets))
+        self.highest = offsets[-1]
+        return first
 
     def was_completed(self, offset: int) -> bool:
         """Whether the offset map restored at assignment says ``offset`` was completed
@@ -142,35 +188,54 @@ class PartitionState:
             restored.popleft()
         return bool(restored) and restored[0][0] <= offset
 
-    def complete(self, offset: int, now: float) -> None:
-        """``offset`` is done: processed, dead-lettered (acknowledged) or skipped by policy."""
-        self.complete_many((offset,), now)
+    def finish(self, seq: int) -> None:
+        """The record of sequence number ``seq`` is done: processed, dead-lettered
+        (acknowledged) or skipped by a policy the user chose. The head moves at
+        :meth:`advance` (one call after a run of these)."""
+        i = seq - self.base
+        if i >= self.head and not self.finished[i]:
+            self.finished[i] = True
+            self.done_count += 1
 
-    def complete_many(self, offsets: Iterable[int], now: float) -> None:
-        """Each of ``offsets`` is done (as :meth:`complete`, one call for a run of them)."""
-        pending, done = self.pending, self.done
-        moved = changed = False
-        for offset in offsets:
-            if pending and pending[0] == offset:
-                pending.popleft()
-                moved = True
-                if done:
-                    while pending and pending[0] in done:
-                        done.remove(pending.popleft())
-                    changed = True
-            else:
-                done.add(offset)
-                changed = True
-        if moved:
+    def advance(self, now: float) -> None:
+        """Move the head over the records done (after :meth:`finish`); cut off the done
+        prefix once it is at least as long as what is held."""
+        finished = self.finished
+        head = start = self.head
+        end = len(finished)
+        while head < end and finished[head]:
+            head += 1
+        if head != start:
+            self.head = head
+            self.done_count -= head - start
             self.head_since = now
-        if changed:
+            if head >= self.cut_at and 2 * head >= end:
+                del self.offsets[:head]
+                del finished[:head]
+                self.base += head
+                self.head = 0
+        if head != start or self.done_count:
             self.done_changes += 1
+
+    def complete(self, seq: int, now: float) -> None:
+        """One record is done (:meth:`finish`, then :meth:`advance`)."""
+        self.finish(seq)
+        self.advance(now)
+
+    def forget_from(self, offset: int) -> None:
+        """Stop holding the offsets from ``offset`` on (none of them started, so none is
+        done: they are fetched again)."""
+        cut = bisect_left(self.offsets, offset, self.head)
+        del self.offsets[cut:]
+        del self.finished[cut:]
+        self.highest = offset - 1
 
     # ---- commits and the offset map -----------------------------------------------------
 
     def committable(self) -> int | None:
-        if self.pending:
-            return self.pending[0]
+        head = self.head
+        if head < len(self.offsets):
+            return self.offsets[head]
         if self.highest >= 0:
             return self.highest + 1
         return self.start
@@ -183,13 +248,14 @@ class PartitionState:
             return False
         self.map_base, self.map_changes = base, self.done_changes
         cap = None
-        if not self.done or base is None:
+        if not self.done_count or base is None:
             self.map_text = ""
         else:
-            encoded = encode_offset_map(base, self.done, limit)
+            done = self.completed_beyond_head()
+            encoded = encode_offset_map(base, done, limit)
             self.map_text = encoded or ""
             if encoded is None or len(encoded) > 0.75 * limit:
-                cap = max(self.done)
+                cap = done[-1]
         lifted = self.map_cap is not None and cap is None
         self.map_cap = cap
         return lifted
@@ -201,11 +267,11 @@ class PartitionState:
     def stalled(self, now: float) -> bool:
         """Nothing it holds can start, or its lowest incomplete record has not changed for
         ``STALL_AFTER`` seconds."""
-        pending = self.pending
-        if not pending:
+        head = self.head
+        if head == len(self.offsets):
             return False
         limit = self.release_limit()
-        if limit is not None and pending[0] >= limit:
+        if limit is not None and self.offsets[head] >= limit:
             return True
         return now - self.head_since >= STALL_AFTER
 
@@ -213,7 +279,7 @@ class PartitionState:
         """The lowest offset of the newest records that have not started (queued in their
         shard, never attempted), leaving at least ``keep`` records held; None if there are
         none. Completed, running, retried and stuck records are never among them."""
-        excess = len(self.pending) - keep
+        excess = self.held - keep
         if excess <= 0:
             return None
         unstarted = set()
@@ -225,7 +291,9 @@ class PartitionState:
                     break
                 unstarted.add(entry.offset)
         lowest = None
-        for offset in reversed(self.pending):
+        offsets = self.offsets
+        for i in range(len(offsets) - 1, self.head - 1, -1):
+            offset = offsets[i]
             if excess <= 0 or offset not in unstarted:
                 break
             lowest = offset
@@ -240,7 +308,7 @@ class PartitionState:
         stops taking records when the buffer is full instead."""
         if pressure:
             return PAUSED
-        held = len(self.pending)
+        held = self.held
         stalled = self.stalled(now)
         if stalled and (held >= share or crowded):
             return PAUSED
@@ -267,7 +335,7 @@ class PartitionState:
     # ---- introspection ------------------------------------------------------------------
 
     def view(self, now: float, in_flight: int, retrying: int, stuck: list[Entry]) -> dict[str, Any]:
-        blocking = self.pending[0] if self.pending else None
+        blocking = self.lowest_incomplete()
         return {
             "held": self.held,
             "incomplete": self.incomplete,
@@ -275,7 +343,7 @@ class PartitionState:
             "retrying": retrying,
             "stuck": [(e.offset, f"{type(e.last_error).__name__}: {e.last_error}") for e in stuck],
             "buffered": max(0, self.incomplete - in_flight - retrying - len(stuck)),
-            "incomplete_beyond_head": len(self.done),
+            "incomplete_beyond_head": self.done_count,
             "committable": self.committable(),
             "blocking_offset": blocking,
             "blocked_for": (now - self.head_since) if blocking is not None else 0.0,
@@ -290,4 +358,6 @@ class PartitionState:
         limit = self.limit
         if limit is None:
             return 0
-        return sum(1 for offset in self.pending if offset >= limit and offset not in self.done)
+        offsets, finished = self.offsets, self.finished
+        first = bisect_left(offsets, limit, self.head)
+        return sum(1 for i in range(first, len(offsets)) if not finished[i])

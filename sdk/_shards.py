@@ -71,7 +71,8 @@ class Shard:
 
 
 class Entry:
-    """One registered record: its offset, partition, shard, the message, and its attempts."""
+    """One registered record: its offset, partition, shard, the message, and its attempts;
+    ``seq`` is its place among its partition's registered records (``PartitionState``)."""
 
     __slots__ = (
         "attempts",
@@ -82,13 +83,21 @@ class Entry:
         "part",
         "payload",
         "run",
+        "seq",
         "shard",
     )
 
     def __init__(
-        self, offset: int, part: PartitionState, shard: Shard, payload: Any, not_before: float
+        self,
+        offset: int,
+        part: PartitionState,
+        shard: Shard,
+        payload: Any,
+        not_before: float,
+        seq: int = -1,
     ) -> None:
         self.offset = offset
+        self.seq = seq
         self.part = part
         self.shard = shard
         self.payload = payload

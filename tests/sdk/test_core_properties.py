@@ -14,10 +14,11 @@ Checked after every step:
 from __future__ import annotations
 
 import gc
+import random
 from typing import NamedTuple
 
 import pytest
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -25,7 +26,7 @@ from sdk._core import NOT_STARTED, Item, ItemShape, WorkCore
 from sdk._failures import FailurePolicy
 from sdk._offsets import decode_offset_map, read_offset_map
 from sdk._options import Options, Ordering
-from sdk._partition import PartitionState
+from sdk._partition import Counts, PartitionState
 from sdk._record import Record, TerminalError
 from sdk._runners import Work
 from sdk._shards import BLOCKED, DEAD, IDLE, READY, RUNNING, STUCK, WAITING, Entry, Shard
@@ -229,7 +230,7 @@ class CoreMachine(RuleBasedStateMachine):
             assert o not in self.complete_offsets[tp], f"{o} is given back but was completed"
             assert o not in running, f"{o} is given back while it runs"
             assert o in queued and queued[o].attempts == 0, f"{o} is given back but started"
-        assert len(part.pending) - len(gone) >= keep
+        assert part.held - len(gone) >= keep
         assert self.core.give_back(tp, offset) == len(gone)
         self.given_back[tp] = {o: self.records[tp].pop(o) for o in gone}
 
@@ -335,7 +336,7 @@ class CoreMachine(RuleBasedStateMachine):
         # Skipped records (exhausted with on_exhausted="skip") are complete in the core.
         for tp, partition in self.core.partitions.items():
             registered = set(self.records[tp])
-            incomplete = set(partition.pending) - partition.done
+            incomplete = set(partition.held_offsets()) - set(partition.completed_beyond_head())
             incomplete |= {o for o in registered if o > partition.highest}
             for offset in registered - incomplete:
                 self.complete_offsets[tp].add(offset)
@@ -545,6 +546,97 @@ CoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=4
 TestCore = CoreMachine.TestCase
 
 
+class WindowMachine(RuleBasedStateMachine):
+    """A partition's completion window against a plain model (a dict of offset -> done):
+    offsets registered in fetch-sized runs with gaps between them, completed in any order in
+    runs of any size, the newest unstarted ones forgotten (given back); enough records that
+    the done prefix is cut off many times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.part = PartitionState((TOPIC, 0), 7, [], Counts(), 0.0)
+        self.part.cut_at = 16  # cut off often (1,024 by default)
+        self.model: dict[int, bool] = {}  # registered offset -> done
+        self.seqs: dict[int, int] = {}  # registered offset -> its sequence number
+        self.next_offset = 7
+        self.highest = -1  # the highest offset the fetches have passed
+
+    @rule(count=st.integers(1, 100), gap=st.integers(0, 3), gaps_inside=st.booleans())
+    def register(self, count: int, gap: int, gaps_inside: bool) -> None:
+        start = self.next_offset + gap
+        step = 2 if gaps_inside else 1
+        offsets = list(range(start, start + count * step, step))
+        first = self.part.register(offsets, 0.0)
+        for i, offset in enumerate(offsets):
+            self.model[offset] = False
+            self.seqs[offset] = first + i
+        self.next_offset = offsets[-1] + 1
+        self.highest = offsets[-1]
+
+    @rule(rng=st.randoms(use_true_random=False), share=st.floats(0.0, 1.0), oldest=st.booleans())
+    def complete(self, rng: random.Random, share: float, oldest: bool) -> None:
+        open_ = [o for o, done in self.model.items() if not done]
+        if not open_:
+            return
+        count = max(1, int(len(open_) * share))
+        chosen = open_[:count] if oldest else rng.sample(open_, count)
+        for offset in chosen:
+            self.part.finish(self.seqs[offset])
+            self.model[offset] = True
+        self.part.finish(self.seqs[chosen[0]])  # a second report of a record changes nothing
+        self.part.advance(1.0)
+
+    @rule(keep=st.integers(0, 50))
+    def forget_newest(self, keep: int) -> None:
+        """Give back the newest incomplete records, leaving ``keep`` held at least."""
+        held = self.held()
+        tail = []
+        for offset in reversed(held):
+            if self.model[offset] or len(held) - len(tail) <= keep:
+                break
+            tail.append(offset)
+        if not tail:
+            return
+        self.part.forget_from(tail[-1])
+        for offset in tail:
+            del self.model[offset], self.seqs[offset]
+        self.next_offset = tail[-1]
+        self.highest = tail[-1] - 1  # fetched again from there
+
+    def held(self) -> list[int]:
+        open_ = [o for o, done in self.model.items() if not done]
+        return [o for o in self.model if o >= min(open_)] if open_ else []
+
+    @invariant()
+    def the_window_agrees_with_the_model(self) -> None:
+        part, held = self.part, self.held()
+        assert part.held_offsets() == held
+        assert part.held == len(held)
+        assert part.completed_beyond_head() == [o for o in held if self.model[o]]
+        assert part.incomplete == sum(1 for o in held if not self.model[o])
+        lowest = held[0] if held else None
+        assert part.lowest_incomplete() == lowest
+        passed = self.highest + 1 if self.highest >= 0 else 7
+        assert part.committable() == (lowest if lowest is not None else passed)
+        assert part.highest == self.highest
+        part.limit = held[len(held) // 2] if held else None
+        assert part.gate_held() == sum(
+            1 for o in held if not self.model[o] and part.limit is not None and o >= part.limit
+        )
+
+    def teardown(self) -> None:
+        while self.part.held:  # everything completes: nothing is held, and the offset passed
+            self.complete(random.Random(0), 0.5, False)
+            self.the_window_agrees_with_the_model()
+        event("the done prefix was cut off" if self.part.base else "nothing cut off")
+        if self.highest >= 0:
+            assert self.part.committable() == self.highest + 1
+
+
+WindowMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
+TestWindow = WindowMachine.TestCase
+
+
 @pytest.mark.parametrize("holds_back", ["watermark", "offset map cap"])
 def test_a_record_joins_a_running_item_only_below_its_release_limit(holds_back: str) -> None:
     """The join of a running shard's next record follows the same release limit as take():
@@ -676,7 +768,7 @@ def test_records_leave_no_reference_cycles_behind(ordering: Ordering) -> None:
                 core.add_messages([Message(tp, base + 4, b"c")], 0.0)  # may join the item
                 results = [RuntimeError("again") if turn % 5 == 0 else None] * len(item.entries)
                 core.complete(item.id, results, 0.0)
-        while core.partitions[tp].pending:
+        while core.partitions[tp].held:
             items = core.take(1e6, 4, ItemShape(8, 8, 8))
             for item in items:
                 core.complete(item.id, [None] * len(item.entries), 1e6)

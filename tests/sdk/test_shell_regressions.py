@@ -149,7 +149,7 @@ def test_a_terminal_failure_with_no_dead_letter_topic_is_held_and_never_committe
     # The held record holds its shard (key a: offset 3 waits behind it) and nothing else.
     (stuck,) = shell.engine.core.stuck
     assert [e.offset for e in stuck.shard.queue] == [0, 3]
-    assert shell.engine.core.partitions[TP0].done == {1, 2}
+    assert shell.engine.core.partitions[TP0].completed_beyond_head() == [1, 2]
 
 
 def test_exhausted_attempts_with_no_dead_letter_topic_hold_the_record_too() -> None:
@@ -244,7 +244,9 @@ def test_a_poison_head_with_other_keys_completing_keeps_memory_within_the_buffer
         shell.turn(seconds=0.02)
         assert shell.engine.core.held() <= 50
     part = shell.engine.core.partitions[TP0]
-    assert part.held == 50 and len(part.done) == 49, "completed-beyond-head counts as held"
+    assert part.held == 50 and len(part.completed_beyond_head()) == 49, (
+        "completed-beyond-head counts as held"
+    )
     assert TP0 in shell.sim.paused, "at the bound the partition takes no new records"
     assert shell.committed() == 0
     # The map is encoded only when the completed offsets change, not every commit interval.
