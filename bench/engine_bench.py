@@ -524,6 +524,9 @@ class _Message:
     def timestamp(self) -> tuple[int, int]:
         return (0, 0)
 
+    def error(self) -> None:
+        return None
+
 
 def core_round(records: int) -> dict[str, float]:
     """One round of the core measurement (see :func:`core_cost`) in this process: seconds

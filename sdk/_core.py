@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from itertools import islice, repeat
-from operator import lt
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from sdk._failures import DEAD_LETTER, RETRY, SKIP, FailurePolicy
@@ -58,11 +57,6 @@ from sdk._shards import (
 )
 
 __all__ = ["NOT_STARTED", "TP", "Commit", "Entry", "Item", "ItemShape", "Outcome", "WorkCore"]
-
-
-def _increasing(offsets: list[int]) -> bool:
-    """Whether each offset is higher than the one before (as fetches hand them over)."""
-    return all(map(lt, offsets, islice(offsets, 1, None)))
 
 
 def _due(message: Any, delay: float) -> float:
@@ -100,11 +94,15 @@ class WorkCore:
         buffer_limit: int = 1000,
         map_limit: int = MAX_METADATA_BYTES,
         follow_on: int = 0,
+        sole_topic: str | None = None,
     ) -> None:
         """``follow_on``: in the ordered modes, a record whose shard is RUNNING and may start
         at once joins the running item (the worker runs it without a hand-off) while the
-        item holds fewer records than this; 0: never (batches: a batch has started)."""
+        item holds fewer records than this; 0: never (batches: a batch has started).
+        ``sole_topic``: the one topic the consumer subscribed to, when it names one (every
+        fetched record is of it, so a record's topic is not read)."""
         self.ordering = ordering
+        self.sole_topic = sole_topic
         self.unordered = ordering is Ordering.UNORDERED
         self.key_ordered = ordering is Ordering.KEY
         self.null_keys_unordered = null_keys == "unordered"
@@ -164,40 +162,65 @@ class WorkCore:
     # ---- records in ---------------------------------------------------------------------
 
     def add_messages(
-        self, messages: Iterable[Any], now: float, with_timestamps: bool = False
-    ) -> None:
-        """Register fetched confluent-kafka messages (anything with ``topic()``,
-        ``partition()``, ``offset()``, ``key()`` and ``timestamp()``) without errors.
-        Messages of unknown or revoked partitions, and offsets already seen, are ignored."""
+        self, messages: list[Any], now: float, with_timestamps: bool = False
+    ) -> list[Any]:
+        """Register fetched confluent-kafka messages (anything with ``error()``, ``topic()``,
+        ``partition()``, ``offset()``, ``key()`` and ``timestamp()``). Returns the messages
+        that carry an error: they are not registered. Messages of unknown or revoked
+        partitions, and offsets already seen, are ignored."""
         partitions = self.partitions
+        sole_topic = self.sole_topic
         delay = self.process_delay if with_timestamps else 0.0
         # A fetch holds runs of one partition's records: each run is registered in one go.
         runs: list[tuple[PartitionState, list[Any], list[int]]] = []
+        in_order: list[bool] = []  # for each run: whether its offsets increase
+        errors: list[Any] = []
         run: list[Any] | None = None
         offsets: list[int] = []
-        topic, number = None, -1
+        topic: str | None = None
+        number = last = -1
         for message in messages:
-            if message.partition() != number or message.topic() != topic:
-                topic, number = message.topic(), message.partition()
+            if message.error() is not None:
+                errors.append(message)
+                continue
+            partition = message.partition()
+            if partition != number or (sole_topic is None and message.topic() != topic):
+                number = partition
+                topic = message.topic() if sole_topic is None else sole_topic
                 part = partitions.get((topic, number))
                 if part is None or part.revoked:
                     run = None
                 else:
                     run, offsets = [], []
                     runs.append((part, run, offsets))
+                    in_order.append(True)
+                    last = -1
             if run is not None:
+                offset = message.offset()
+                if offset <= last:
+                    in_order[-1] = False
+                last = offset
                 run.append(message)
-                offsets.append(message.offset())
-        for part, run, offsets in runs:
-            self._register_run(part, run, offsets, now, delay)
+                offsets.append(offset)
+        for i in range(len(runs)):
+            part, run, offsets = runs[i]
+            self._register_run(part, run, offsets, in_order[i], now, delay)
+        return errors
 
     def _register_run(
-        self, part: PartitionState, run: list[Any], offsets: list[int], now: float, delay: float
+        self,
+        part: PartitionState,
+        run: list[Any],
+        offsets: list[int],
+        in_order: bool,
+        now: float,
+        delay: float,
     ) -> None:
-        """Register a run of one partition's fetched records and queue them."""
-        if offsets[0] > part.highest and not part.restored and _increasing(offsets):
+        """Register a run of one partition's fetched records and queue them (``in_order``:
+        its offsets increase)."""
+        if in_order and offsets[0] > part.highest and not part.restored:
             first = part.register(offsets, now)
-            seqs: Sequence[int] = range(first, first + len(offsets))
+            seqs = list(range(first, first + len(offsets)))
         else:
             run, offsets, seqs = self._register_one_by_one(part, run, now)
             if not run:
@@ -237,7 +260,7 @@ class WorkCore:
         part: PartitionState,
         run: list[Any],
         offsets: list[int],
-        seqs: Sequence[int],
+        seqs: list[int],
         not_before: list[float] | None,
         now: float,
     ) -> None:
@@ -262,7 +285,7 @@ class WorkCore:
         part: PartitionState,
         run: list[Any],
         offsets: list[int],
-        seqs: Sequence[int],
+        seqs: list[int],
         not_before: list[float] | None,
         now: float,
     ) -> None:
@@ -276,8 +299,12 @@ class WorkCore:
         lane = part.lane
         assert lane is not None
         lane_queue = lane.queue
-        dues = not_before or repeat(0.0)
-        for offset, message, due, seq in zip(offsets, run, dues, seqs, strict=False):
+        queue_in_lane = lane_queue.append
+        for i in range(len(run)):
+            message = run[i]
+            offset = offsets[i]
+            due = 0.0 if not_before is None else not_before[i]
+            seq = seqs[i]
             key = message.key()
             if key is None and null_keys_unordered:
                 key = (None, offset)  # alone with its offset: unordered
@@ -287,7 +314,7 @@ class WorkCore:
                 if prior is None:  # no earlier record of its key is queued or running
                     entry = lane_keys[key] = Entry(offset, part, lane, message, due, seq)
                     entry.key = key
-                    lane_queue.append(entry)
+                    queue_in_lane(entry)
                     continue
                 # It follows a record of its key in the lane: a shard of their own.
                 shard = scheduler.new_shard(key, part)
@@ -424,7 +451,7 @@ class WorkCore:
         return outcome
 
     @staticmethod
-    def _processed(entries: Sequence[Entry], now: float) -> None:
+    def _processed(entries: list[Entry], now: float) -> None:
         """These records were processed (each partition's head moves once per run of its
         records)."""
         part: PartitionState | None = None

@@ -95,6 +95,10 @@ class ParallelConsumer(ConsumerLoop):
             dead_letters=options.dead_letter_topic is not None,
             decode_errors_to_dead_letters=options.on_decode_error == "dead_letter",
         )
+        # One topic by name (librdkafka reads a name starting with "^" as a pattern): every
+        # record fetched is of it.
+        named = len(self.topics) == 1 and not self.topics[0].startswith("^")
+        sole_topic = self.topics[0] if named else None
         self.core = WorkCore(
             options.ordering,
             null_keys=options.null_keys,
@@ -103,6 +107,7 @@ class ParallelConsumer(ConsumerLoop):
             process_delay=options.process_delay,
             buffer_limit=options.buffer_limit,
             follow_on=0 if options.batch_size is not None else options.max_item_records,
+            sole_topic=sole_topic,
         )
         self.paused_by_user = False
         self._time: Callable[[], float] = time.time  # the clock (replaceable in tests)

@@ -217,14 +217,11 @@ class ConsumerLoop:
             # A record may join a running item as it is registered: under the newest limits,
             # not those of before a snapshot that lowered them.
             self._apply_watermarks(now)
-        for message in messages:
-            if message.error() is not None:  # rare: only then are the messages copied
-                for bad in messages:
-                    if bad.error() is not None:
-                        self._message_error(bad.error())
-                messages = [m for m in messages if m.error() is None]
-                break
-        self.core.add_messages(messages, now, with_timestamps=bool(self.options.process_delay))
+        errors = self.core.add_messages(
+            messages, now, with_timestamps=bool(self.options.process_delay)
+        )
+        for message in errors:
+            self._message_error(message.error())
 
     def _message_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:

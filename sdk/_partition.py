@@ -34,7 +34,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from sdk._offsets import Ranges, encode_offset_map
 
@@ -43,12 +43,14 @@ if TYPE_CHECKING:
 
 TP = tuple[str, int]
 
-UNKNOWN, FETCHING, PAUSED = range(3)
+UNKNOWN: Final = 0
+FETCHING: Final = 1
+PAUSED: Final = 2
 
-STALL_AFTER = 1.0
+STALL_AFTER: Final = 1.0
 """Seconds without progress at its head after which a partition counts as stalled."""
 
-CUT_AT = 1024
+CUT_AT: Final = 1024
 """The done prefix of the completion window is cut off once it is this long (and at least as
 long as what is held): each offset is copied at most once on average."""
 

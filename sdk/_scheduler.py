@@ -164,23 +164,25 @@ class Scheduler:
             else:
                 room = min(max_run, max_records - len(entries)) if entries else max_run
             taken = 0
+            popleft = queue.popleft
             if lane:
                 while taken < room and queue:
-                    entry = queue[0]
-                    if entry.not_before > now or (limit is not None and entry.offset >= limit):
-                        break
-                    queue.popleft()
+                    entry = popleft()
                     if entry.shard is not shard:
                         continue  # a stale entry: it moved to a shard of its own
+                    if entry.not_before > now or (limit is not None and entry.offset >= limit):
+                        queue.appendleft(entry)
+                        break
                     entry.run = entries  # the next record of its key may join it there
                     entries.append(entry)
                     taken += 1
             else:
                 while taken < room and queue:
-                    entry = queue[0]
+                    entry = popleft()
                     if entry.not_before > now or (limit is not None and entry.offset >= limit):
+                        queue.appendleft(entry)
                         break
-                    entries.append(queue.popleft())
+                    entries.append(entry)
                     if entry.attempts:
                         retrying.discard(entry)
                     taken += 1

@@ -30,12 +30,19 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
     from sdk._partition import PartitionState
 
-IDLE, READY, WAITING, BLOCKED, RUNNING, STUCK, DEAD = range(7)
+# Final: the compiled core inlines them (a plain module global is a dictionary lookup).
+IDLE: Final = 0
+READY: Final = 1
+WAITING: Final = 2
+BLOCKED: Final = 3
+RUNNING: Final = 4
+STUCK: Final = 5
+DEAD: Final = 6
 STATE_NAMES = ("idle", "ready", "waiting", "blocked", "running", "stuck", "dead")
 
 

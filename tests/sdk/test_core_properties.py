@@ -56,6 +56,9 @@ class Message(NamedTuple):
     def timestamp(self) -> tuple[int, int]:
         return (0, 0)
 
+    def error(self) -> None:
+        return None
+
 
 class CoreMachine(RuleBasedStateMachine):
     @initialize(
@@ -730,6 +733,46 @@ def test_a_fetch_mixing_topics_with_equal_partition_numbers_registers_each_recor
         (e.tp, e.offset) for item in core.take(0.0, 8, ItemShape(8, 8, 8)) for e in item.entries
     ]
     assert sorted(taken) == [(first, 0), (first, 1), (second, 0), (second, 1)]
+
+
+class ErrorMessage(Message):
+    def error(self) -> str:  # type: ignore[override]
+        return "broker: offset out of range"
+
+
+@pytest.mark.parametrize("ordering", list(Ordering))
+@pytest.mark.parametrize("sole_topic", [None, TOPIC])
+def test_a_fetch_is_registered_in_runs_and_its_errors_are_handed_back(
+    ordering: Ordering, sole_topic: str | None
+) -> None:
+    """With one topic subscribed, the records' topics are not read (they are all of it): the
+    same records register the same way. A record carrying an error is not registered and is
+    returned; out-of-order offsets in a run are registered one by one, each once."""
+    core = WorkCore(ordering, sole_topic=sole_topic)
+    tp0, tp1 = (TOPIC, 0), (TOPIC, 1)
+    core.assign(tp0, None)
+    core.assign(tp1, None)
+    bad = ErrorMessage(tp0, 2, b"k")
+    errors = core.add_messages(
+        [
+            Message(tp0, 0, b"k"),
+            Message(tp0, 1, b"j"),
+            bad,
+            Message(tp1, 5, b"k"),
+            Message(tp1, 4, b"k"),  # lower than the record before it
+            Message(tp1, 6, b"j"),
+            Message(tp0, 1, b"j"),  # seen before: ignored
+            Message(tp0, 3, b"k"),
+        ],
+        0.0,
+    )
+    assert errors == [bad]
+    assert core.partitions[tp0].held_offsets() == [0, 1, 3]
+    assert core.partitions[tp1].held_offsets() == [5, 6]
+    taken = [
+        (e.tp, e.offset) for item in core.take(0.0, 8, ItemShape(8, 8, 8)) for e in item.entries
+    ]
+    assert sorted(taken) == [(tp0, 0), (tp0, 1), (tp0, 3), (tp1, 5), (tp1, 6)]
 
 
 @pytest.mark.parametrize("ordering", list(Ordering))

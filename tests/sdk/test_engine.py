@@ -63,6 +63,16 @@ def test_invalid_consumer_arguments() -> None:
         ParallelConsumer({"group.id": "g"}, ["t"], None)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("topics", "sole"), [(["t"], "t"), (["t", "u"], None), (["^t.*"], None)])
+def test_records_topics_are_read_unless_one_topic_is_subscribed_by_name(
+    topics: list[str], sole: str | None
+) -> None:
+    """Subscribed to one topic by name, every record fetched is of it: the core does not read
+    each record's topic. Several topics, or a pattern, and it does."""
+    consumer = ParallelConsumer({"group.id": "g"}, topics, print, registry=None)
+    assert consumer.core.sole_topic == sole
+
+
 # ---- ordering ---------------------------------------------------------------------------
 
 
