@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.progress import Progress, track
 
@@ -502,7 +502,8 @@ def throughput(
 
 
 class _Message:
-    """Just what the core reads of a confluent-kafka message."""
+    """Just what the core reads of a confluent-kafka message (for a confluent-kafka that
+    cannot build its own messages)."""
 
     __slots__ = ("_key", "_offset", "_partition")
 
@@ -528,12 +529,20 @@ class _Message:
         return None
 
 
+def message(partition: int, offset: int, key: bytes) -> Any:
+    """A confluent-kafka message built in memory (its methods are the real ones)."""
+    try:
+        return Message(topic="t", partition=partition, offset=offset, key=key, value=b"")
+    except TypeError:  # an older confluent-kafka builds none
+        return _Message(partition, offset, key)
+
+
 def core_round(records: int) -> dict[str, float]:
     """One round of the core measurement (see :func:`core_cost`) in this process: seconds
     per workload."""
     rng = random.Random(1)
     keys = [f"key-{i}".encode() for i in range(100_000)]
-    messages = [_Message(i % 12, i // 12, keys[rng.randrange(len(keys))]) for i in range(records)]
+    messages = [message(i % 12, i // 12, keys[rng.randrange(len(keys))]) for i in range(records)]
     fetches = [
         sorted(messages[i : i + 5000], key=lambda m: m.partition()) for i in range(0, records, 5000)
     ]
