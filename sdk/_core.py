@@ -290,12 +290,13 @@ class WorkCore:
         now: float,
     ) -> None:
         """Queue a run of one partition's records by key (KEY ordering): in the lane when no
-        earlier record of the key is queued or running, else in the key's shard."""
+        earlier record of the key is queued or running, else in the key's shard (one lookup
+        of the key in the common case)."""
         scheduler = self.scheduler
         ready = scheduler.ready
         null_keys_unordered = self.null_keys_unordered
         follow_on = self.follow_on
-        shards, lane_keys = part.shards, part.lane_keys
+        live_keys = part.live_keys
         lane = part.lane
         assert lane is not None
         lane_queue = lane.queue
@@ -308,24 +309,24 @@ class WorkCore:
             key = message.key()
             if key is None and null_keys_unordered:
                 key = (None, offset)  # alone with its offset: unordered
-            shard = shards.get(key)
-            if shard is None:
-                prior = lane_keys.get(key)
-                if prior is None:  # no earlier record of its key is queued or running
-                    entry = lane_keys[key] = Entry(offset, part, lane, message, due, seq)
-                    entry.key = key
-                    queue_in_lane(entry)
-                    continue
-                # It follows a record of its key in the lane: a shard of their own.
-                shard = scheduler.new_shard(key, part)
-                if lane_queue and lane_queue[0].offset <= prior.offset:  # not started: it moves
-                    del lane_keys[key]
-                    prior.shard = shard
-                    shard.queue.append(prior)
-                else:  # owned by the item running ``prior``: it may join that item
+            entry = Entry(offset, part, lane, message, due, seq)
+            entry.key = key
+            live = live_keys.setdefault(key, entry)
+            if live is entry:  # no earlier record of its key is queued or running
+                queue_in_lane(entry)
+                continue
+            if isinstance(live, Shard):
+                shard = live
+            else:  # it follows a record of its key in the lane: a shard of their own
+                shard = scheduler.new_shard(key, part)  # the key's live shard from now on
+                if lane_queue and lane_queue[0].offset <= live.offset:  # not started: it moves
+                    live.shard = shard
+                    shard.queue.append(live)
+                else:  # owned by the item running the lane's record: it may join that item
                     shard.state = RUNNING
-                    shard.run = prior.run
-            entry = Entry(offset, part, shard, message, due, seq)
+                    shard.run = live.run
+                    live.follower = shard
+            entry.shard = shard
             state = shard.state
             if (
                 state == RUNNING
@@ -437,17 +438,18 @@ class WorkCore:
                 last = shard
                 scheduler.hand_back(shard, now)
                 continue
-            # A lane's record is over (done, or on its way to the dead-letter topic): the
-            # next record of its key, in a shard owned by this item, may go.
+            # A lane's record is over (done, or on its way to the dead-letter topic): its key
+            # is free, or the next record of its key, in a shard owned by this item, may go.
             entry.run = None  # its item's list refers to it: no cycle for the collector
             part = entry.part
-            key = entry.key
-            lane_keys = part.lane_keys
-            if lane_keys.get(key) is entry and not part.dead:
-                del lane_keys[key]
-                follower = part.shards.get(key)
-                if follower is not None:
-                    scheduler.hand_back(follower, now)
+            if part.dead:
+                continue
+            follower = entry.follower
+            if follower is None:
+                del part.live_keys[entry.key]
+            else:
+                entry.follower = None
+                scheduler.hand_back(follower, now)
         return outcome
 
     @staticmethod
@@ -475,14 +477,12 @@ class WorkCore:
         if not shard.lane:
             return shard
         entry.run = None
-        part = entry.part
-        key = entry.key
-        if part.lane_keys.get(key) is entry:
-            del part.lane_keys[key]
-        own = part.shards.get(key)
+        own = entry.follower  # the key's shard, owned by this record's item
         if own is None:
-            own = self.scheduler.new_shard(key, part)
+            own = self.scheduler.new_shard(entry.key, entry.part)  # replaces it as live
             own.state = RUNNING  # owned by this item until it is handed back
+        else:
+            entry.follower = None
         entry.shard = own
         return own
 
@@ -642,9 +642,13 @@ class WorkCore:
         part = self.partitions.get(tp)
         if part is None or part.revoked:
             return 0
-        forgotten = self.scheduler.give_back(part, offset)
-        if part.lane_keys:
-            part.lane_keys = {k: e for k, e in part.lane_keys.items() if e.offset < offset}
+        forgotten = self.scheduler.give_back(part, offset)  # (emptied shards are let go)
+        if part.live_keys:
+            part.live_keys = {
+                key: live
+                for key, live in part.live_keys.items()
+                if isinstance(live, Shard) or live.offset < offset
+            }
         part.forget_from(offset)
         part.counts.given_back += forgotten
         return forgotten

@@ -93,8 +93,8 @@ class PartitionState:
         "head_since",
         "highest",
         "lane",
-        "lane_keys",
         "limit",
+        "live_keys",
         "map_base",
         "map_cap",
         "map_changes",
@@ -131,7 +131,9 @@ class PartitionState:
         self.limit: int | None = None  # release limit (watermark); None: everything
         self.shards: dict[object, Shard] = {}  # by key within the partition (sdk._core)
         self.lane: Shard | None = None  # KEY ordering: its lane (see sdk._shards)
-        self.lane_keys: dict[object, Entry] = {}  # the lane's records, queued or running, by key
+        # KEY ordering: each key with a record queued or running, to its record in the lane or
+        # to its own shard (see sdk._shards).
+        self.live_keys: dict[object, Entry | Shard] = {}
         self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
         self.blocked_since: float | None = None
         self.head_since = now  # when the lowest incomplete offset became the lowest

@@ -47,13 +47,15 @@ class Scheduler:
 
     def new_shard(self, key: object, part: PartitionState) -> Shard:
         """An empty IDLE ordered shard for ``key`` (recycled when one is free), registered in
-        its partition."""
+        its partition (in KEY ordering, as its key's live shard too)."""
         if self.free:
             shard = self.free.pop()
             shard.key, shard.part = key, part
         else:
             shard = Shard(key, part)
         part.shards[key] = shard
+        if part.lane is not None:
+            part.live_keys[key] = shard
         return shard
 
     def discard(self, shard: Shard) -> None:
@@ -62,9 +64,12 @@ class Scheduler:
         shard.state = IDLE
         if shard.lane:
             return
-        shards = shard.part.shards
+        part = shard.part
+        shards = part.shards
         if shards.get(shard.key) is shard:
             del shards[shard.key]
+            if part.live_keys.get(shard.key) is shard:
+                del part.live_keys[shard.key]
             # An UNORDERED shard may still be referenced by several items: never recycled.
             if not self.unordered and len(self.free) < self.keep_free:
                 self.free.append(shard)

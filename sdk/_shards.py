@@ -7,7 +7,10 @@ queued or running. They may run side by side (the lane holds at most one record 
 the common case with many keys costs no shard per record. A record whose key's earlier record
 is in the lane gets a shard of its own: if that record has not started, it moves there too
 (it stays behind in the lane's queue as a stale entry, skipped when the lane is served);
-if it runs, the new shard is RUNNING, owned by that record's item, until the item is over.
+if it runs, the new shard is RUNNING, owned by that record's item (the record's
+``follower``), until the item is over. Each partition maps every key with a record queued or
+running to that record in the lane, or to the key's shard (``PartitionState.live_keys``), so
+a new record's key is looked up once, and a lane's record frees its key with one delete.
 A shard queues its records in offset order and is always in exactly one of these states::
 
     IDLE ──records──> READY ──take──> RUNNING ──results──> READY / WAITING / IDLE
@@ -83,6 +86,7 @@ class Entry:
 
     __slots__ = (
         "attempts",
+        "follower",
         "key",
         "last_error",
         "not_before",
@@ -113,6 +117,7 @@ class Entry:
         self.last_error: BaseException | None = None
         self.key: object  # a lane's record: its key (as its shard would have it)
         self.run: list[Entry] | None  # a lane's record while it runs: its item's entries
+        self.follower: Shard | None = None  # a lane's running record: its key's shard
 
     @property
     def tp(self) -> tuple[str, int]:

@@ -456,7 +456,12 @@ class CoreMachine(RuleBasedStateMachine):
         assert len(set(map(id, parked))) == len(parked), "a shard is twice in the timers"
         blocked = [s for p in self.core.partitions.values() for s in p.blocked]
         running = {id(e.shard) for item in self.core.outstanding.values() for e in item.entries}
-        in_flight = {id(e) for item in self.core.outstanding.values() for e in item.entries}
+        followed = {
+            id(e.follower)
+            for item in self.core.outstanding.values()
+            for e in item.entries
+            if e.follower is not None
+        }
         every = [(p, k, s) for p in self.core.partitions.values() for k, s in p.shards.items()]
         for shard in ready + blocked:
             assert shard.part.shards.get(shard.key) is shard, f"{shard} is not in its partition"
@@ -471,8 +476,7 @@ class CoreMachine(RuleBasedStateMachine):
             if state == IDLE and self.ordering is not Ordering.UNORDERED:
                 assert not shard.queue, f"{shard} is idle with records"
             if state == RUNNING:  # in an item, or owned by the item of its key's lane record
-                owner = part.lane_keys.get(key)
-                assert id(shard) in running or (owner is not None and id(owner) in in_flight), (
+                assert id(shard) in running or id(shard) in followed, (
                     f"{shard} runs without an item"
                 )
             if state == STUCK:
@@ -483,25 +487,38 @@ class CoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_lane_holds_one_live_record_per_key(self) -> None:
-        """KEY ordering: every record of a lane is queued there or running, is the only one of
-        its key, and a shard of its key exists only while it runs (owned by its item)."""
+        """KEY ordering: each key with a record queued or running is live once, to its record
+        in the lane (queued there or running, the only one of its key) or to its shard; a
+        lane record's key has a shard only while the record runs (owned by its item)."""
         if not hasattr(self, "core") or self.ordering is not Ordering.KEY:
             return
         in_flight = {id(e) for item in self.core.outstanding.values() for e in item.entries}
         for part in self.core.partitions.values():
-            lane = part.lane
+            lane, live = part.lane, part.live_keys
             assert lane is not None and part.shards.get(lane.key) is lane
             queued = [e for e in lane.queue if e.shard is lane]
+            running = [
+                e
+                for item in self.core.outstanding.values()
+                for e in item.entries
+                if e.part is part and e.shard is lane
+            ]
             for entry in queued:
-                assert part.lane_keys.get(entry.key) is entry, f"{entry} queued, not listed"
-            for key, entry in part.lane_keys.items():
-                assert entry.shard is lane and entry.key == key, entry
-                assert entry in queued or id(entry) in in_flight, f"{entry} is nowhere"
-                own = part.shards.get(key)
-                if own is not None and not part.revoked:
-                    assert own.state == RUNNING and id(entry) in in_flight, (
-                        f"{own} beside {entry} of its key"
-                    )
+                assert live.get(entry.key) is entry and entry.follower is None, f"{entry} queued"
+            for entry in running:
+                if entry.follower is None:
+                    assert live.get(entry.key) is entry, f"{entry} runs, not listed"
+                else:
+                    assert entry.follower.state == RUNNING, f"{entry.follower} not owned"
+                    assert live.get(entry.key) is entry.follower, f"{entry}: not its key's shard"
+            for key, shard in part.shards.items():
+                assert shard is lane or live.get(key) is shard, f"{shard} is not its key's"
+            for key, record in live.items():
+                if isinstance(record, Shard):
+                    assert part.shards.get(key) is record, f"{record} is not its partition's"
+                else:
+                    assert record.shard is lane and record.key == key, record
+                    assert record in queued or id(record) in in_flight, f"{record} is nowhere"
 
     @invariant()
     def stuck_records_are_never_committed_past(self) -> None:
