@@ -2,9 +2,11 @@
 
 A runner receives work items from the consumer's thread and returns, through the consumer's
 inbox, one result per record it got to: ``None`` (success), the exception raised, or
-``NOT_STARTED`` for records of a shard whose earlier record in the same item failed. Records
-it did not get to (they joined the item after its last look, or the runner closed) have no
-result: the core counts them as not started.
+``NOT_STARTED`` for records of a shard whose earlier record in the same item failed, and for
+records of a partition revoked before they started (the partition's next owner runs them, in
+order: a revocation never waits for them). Records it did not get to (they joined the item
+after its last look, or the runner closed) have no result: the core counts them as not
+started.
 """
 
 from __future__ import annotations
@@ -128,8 +130,9 @@ class Work:
         handler, plain, check_decoding = self.handler, self.plain, self.check_decoding
         key_deserializer, value_deserializer = self.deserializers
         for entry in entries:
-            if stopped and self.stopped(entry, stopped):
+            if (stopped and self.stopped(entry, stopped)) or entry.part.revoked:
                 results.append(NOT_STARTED)
+                failed = True  # (what ``item.finished`` counts ends here)
                 continue
             record = Record(entry.payload, entry.attempts + 1, key_deserializer, value_deserializer)
             error: BaseException | None = self.undecodable(record) if check_decoding else None
@@ -156,17 +159,25 @@ class Work:
         return results
 
     def prepare_batch(self, entries: Sequence[Entry]) -> tuple[list[Any], list[Record], list[int]]:
-        """Records of a batch that may run, and results already known (undecodable ones)."""
+        """Records of a batch that may run, and results already known: undecodable records,
+        and records of a revoked partition (not started)."""
         results: list[Any] = [None] * len(entries)
+        key_deserializer, value_deserializer = self.deserializers
         if not self.check_decoding:
-            key_deserializer, value_deserializer = self.deserializers
-            records = [
-                Record(e.payload, e.attempts + 1, key_deserializer, value_deserializer)
-                for e in entries
-            ]
-            return results, records, list(range(len(entries)))
+            for entry in entries:
+                if entry.part.revoked:
+                    break
+            else:
+                records = [
+                    Record(e.payload, e.attempts + 1, key_deserializer, value_deserializer)
+                    for e in entries
+                ]
+                return results, records, list(range(len(entries)))
         records, runnable = [], []
         for i, entry in enumerate(entries):
+            if entry.part.revoked:
+                results[i] = NOT_STARTED
+                continue
             record = self.record(entry)
             bad = self.undecodable(record)
             if bad is not None:
@@ -358,8 +369,9 @@ class AsyncRunner:
         stopped: set[object] = set()
         failed = False
         for entry in item.entries:
-            if stopped and work.stopped(entry, stopped):
+            if (stopped and work.stopped(entry, stopped)) or entry.part.revoked:
                 results.append(NOT_STARTED)
+                failed = True
                 continue
             record = work.record(entry)
             error = work.undecodable(record)

@@ -55,7 +55,8 @@ class _NotStarted:
 
 
 NOT_STARTED: Any = _NotStarted()
-"""Result of a record a worker did not start because an earlier record of its shard failed."""
+"""Result of a record a worker did not start: an earlier record of its shard failed in the same
+item, or its partition was revoked."""
 
 
 LANE: Any = type("Lane", (), {"__repr__": lambda self: "LANE"})()

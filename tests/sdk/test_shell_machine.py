@@ -250,7 +250,8 @@ class ShellMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish_items(self, data: st.DataObject) -> None:
         """Workers report some items: successes, failures, a cancelled coroutine, or a
-        record not started after an earlier one of its shard failed."""
+        record not started after an earlier one of its shard failed or its partition was
+        revoked."""
         running = sorted(self.engine.runner.running.values(), key=lambda i: i.id)
         count = data.draw(st.integers(1, len(running)))
         for item in data.draw(st.permutations(running))[:count]:
@@ -271,6 +272,9 @@ class ShellMachine(RuleBasedStateMachine):
                 results.append(None)
                 continue
             if ordered and failed_shards and Work.stopped(entry, failed_shards) and not batch:
+                results.append(NOT_STARTED)
+                continue
+            if entry.part.revoked:  # as the runners do: its partition's next owner runs it
                 results.append(NOT_STARTED)
                 continue
             self.check_order(entry)

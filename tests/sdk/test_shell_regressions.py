@@ -544,3 +544,42 @@ def test_records_a_running_item_finished_free_buffer_room_before_the_item_ends()
     shell.finish_all()
     shell.turn(seconds=60)  # the next commit
     assert shell.committed() == 40
+
+
+# ---- a record handed out before its partition was revoked is not started -----------------
+
+
+@pytest.mark.parametrize("mode", ["single", "batch", "coroutine"])
+def test_a_worker_does_not_start_records_of_a_partition_revoked_after_they_were_handed_out(
+    mode: str,
+) -> None:
+    """Revoking waits for what runs, not for what waits in the workers' queue: a record of a
+    revoked partition is reported not started (its next owner runs it, in order); the
+    records of other partitions in the same item run."""
+    kept, revoked, later = _entry(0), _entry(1), _entry(2)
+    revoked.part.revoked = True
+    ran: list[int] = []
+    entries = [kept, revoked, later]
+    if mode == "coroutine":
+
+        async def handler(record: Any) -> None:
+            ran.append(record.offset)
+
+        inbox: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        runner = AsyncRunner(Work(handler, Options()), 4, inbox)
+        try:
+            runner.submit(Item(1, entries))
+            (done,) = _reports(inbox)
+            results = done[2]
+        finally:
+            runner.close()
+    elif mode == "batch":
+
+        def handle_batch(records: list[Any]) -> None:
+            ran.extend(record.offset for record in records)
+
+        results = Work(handle_batch, Options(batch_size=3)).run(Item(1, entries))
+    else:
+        results = Work(lambda record: ran.append(record.offset), Options()).run(Item(1, entries))
+    assert ran == [0, 2]
+    assert results == [None, NOT_STARTED, None]
