@@ -532,9 +532,11 @@ TestShell.settings = settings(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 20,000 examples of 80 steps take longer than the usual limit
 class TestShellLong(ShellMachine.TestCase):  # type: ignore[name-defined,misc]
     """Exploration (--run-slow): new random examples every run, longer interleavings, and
-    failures kept in Hypothesis' example database to be replayed first next time."""
+    failures kept in Hypothesis' example database to be replayed first next time
+    (``SHELL_MACHINE_EXAMPLES`` sets how many examples)."""
 
     settings = settings(
         max_examples=int(os.environ.get("SHELL_MACHINE_EXAMPLES", "20000")),
