@@ -5,11 +5,13 @@
    UNORDERED. Each duration is printed next to its ideal lower bound (from the measured sleep
    times: the longest shard's total, or total work / concurrency, whichever is larger) and
    next to the Java library's published figure. Target: every row within 1.10x of its bound.
-2. No-op handler throughput over 1,000,000 records on 12 partitions next to a plain
-   confluent-kafka consume loop in the same run (ratio). Targets: KEY single-record >= 0.35,
-   KEY batch >= 0.60, UNORDERED single-record >= 0.45. Then the consumer thread's Python time
-   per record in the engine's pure core, without a broker (``--only core``: the part of a
-   record's cost that is the engine's own, and much less noisy than end-to-end rates).
+2. No-op handler throughput over 1,000,000 records on 12 partitions next to two plain
+   confluent-kafka consume loops in the same run (ratios): one storing each offset when the
+   record is handed out, one storing it after processing (the engine's guarantee, which the
+   targets compare with). Targets: KEY single-record >= 0.35, KEY batch >= 0.60, UNORDERED
+   single-record >= 0.45. Then the consumer thread's time per record in the engine's core,
+   compiled and pure, without a broker (``--only core``: the part of a record's cost that is
+   the engine's own, and much less noisy than end-to-end rates).
 3. Simulated I/O with coroutine handlers: asyncio.sleep of 1, 10 and 100 ms per record,
    25,000 records, KEY ordering over 10,000 keys, concurrency 1,000 and 5,000.
 4. Peak memory with a backlog of 1,000,000 records and a handler that blocks.
@@ -819,14 +821,18 @@ def main() -> None:
                 if name in tp["records_per_second"]:
                     theirs, mine = tp["records_per_second"][name], tp["records_per_second"][ours]
                     verdict.append((f"{ours}: ahead of pyrallel-consumer", mine > theirs))
-            for baseline in ("vs_plain_stored_when_handed_out", "vs_plain_stored_after_processing"):
-                single = tp["ratios"]["KEY, single record"][baseline]
-                batch = tp["ratios"]["KEY, batch of 500"][baseline]
-                unordered = tp["ratios"]["UNORDERED, single record"][baseline]
-                verdict.append((f"KEY single >= 0.35 ({baseline}: {single})", single >= 0.35))
-                verdict.append((f"KEY batch >= 0.60 ({baseline}: {batch})", batch >= 0.60))
+            # The targets compare with the loop that gives the engine's guarantee (an offset
+            # stored once its record was processed); the table shows the faster loop too.
+            ratios = tp["ratios"]
+            same = "vs_plain_stored_after_processing"
+            for name, target in (
+                ("KEY, single record", 0.35),
+                ("KEY, batch of 500", 0.60),
+                ("UNORDERED, single record", 0.45),
+            ):
+                ratio = ratios[name][same]
                 verdict.append(
-                    (f"UNORDERED single >= 0.45 ({baseline}: {unordered})", unordered >= 0.45)
+                    (f"{name} >= {target:.2f} x plain (stored after): {ratio}", ratio >= target)
                 )
         if args.only in (None, "async"):
             rows = results["async"] = async_io(bootstrap, admin, 25_000)
