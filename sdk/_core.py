@@ -421,7 +421,7 @@ class WorkCore:
         reported = item.reported
         if reported:
             entries, results = entries[reported:], results[reported:]
-        if any(results):
+        if results.count(None) != len(results):  # (an exception may be falsy: never any())
             outcome = self._apply_failures(entries, results, now)
         else:
             outcome = NOTHING
@@ -440,16 +440,15 @@ class WorkCore:
                 continue
             # A lane's record is over (done, or on its way to the dead-letter topic): its key
             # is free, or the next record of its key, in a shard owned by this item, may go.
-            entry.run = None  # its item's list refers to it: no cycle for the collector
-            part = entry.part
-            if part.dead:
-                continue
+            # (Its item's list refers to it, and to its follower's records: links dropped
+            # here, a dead partition's too, leave no cycle for the collector.)
+            entry.run = None
             follower = entry.follower
-            if follower is None:
-                del part.live_keys[entry.key]
-            else:
+            if follower is not None:
                 entry.follower = None
-                scheduler.hand_back(follower, now)
+                scheduler.hand_back(follower, now)  # (a dead partition's lets go of the item)
+            elif not entry.part.dead:
+                del entry.part.live_keys[entry.key]
         return outcome
 
     @staticmethod

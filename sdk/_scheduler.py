@@ -91,6 +91,8 @@ class Scheduler:
         for shard in part.shards.values():
             shard.state = DEAD
         part.shards = {}
+        part.live_keys = {}
+        part.lane = None  # (it refers to its partition: no cycle is left for the collector)
 
     def give_back(self, part: PartitionState, offset: int) -> int:
         """Forget the queued records of ``part`` from ``offset`` on (none of them started);

@@ -840,3 +840,51 @@ def test_records_leave_no_reference_cycles_behind(ordering: Ordering) -> None:
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+
+
+def test_an_item_completed_after_its_partition_was_dropped_leaves_no_cycle_behind() -> None:
+    """A KEY item whose lane record has a follower (the next record of its key joined the
+    item) completes after its partition was dropped: the links between them are let go as
+    when the partition lives, so reference counting frees them."""
+    core = WorkCore(Ordering.KEY, follow_on=4)
+    tp = (TOPIC, 0)
+    core.assign(tp, None)
+    gc.collect()
+    gc.disable()
+    try:
+        core.add_messages([Message(tp, 0, b"a")], 0.0)
+        (item,) = core.take(0.0, 1, ItemShape(8, 8, 8))
+        core.add_messages([Message(tp, 1, b"a")], 0.0)  # follows a running record: joins it
+        assert [e.offset for e in item.entries] == [0, 1]
+        core.drop([tp])
+        core.complete(item.id, [None, None], 0.0)
+        del item
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        ours = [o for o in gc.garbage if isinstance(o, Entry | Item | Shard | PartitionState)]
+        assert not ours, f"{len(ours)} of the engine's objects were left in reference cycles"
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+class FalsyError(Exception):
+    """An error that reports its problems, with none listed: its truth value is False."""
+
+    def __len__(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("ordering", list(Ordering))
+def test_a_failure_whose_exception_is_false_is_still_a_failure(ordering: Ordering) -> None:
+    """A result is a success only when it is None: an exception whose truth value is False
+    (a ``__len__`` of 0) must not be committed past."""
+    core = WorkCore(ordering, failures=FailurePolicy(max_attempts=1, on_exhausted="skip"))
+    tp = (TOPIC, 0)
+    core.assign(tp, 0)
+    core.add_messages([Message(tp, 0, b"a"), Message(tp, 1, b"b")], 0.0)
+    (item,) = core.take(0.0, 1, ItemShape(8, 8, 8))
+    core.complete(item.id, [FalsyError("bad"), None][: len(item.entries)], 0.0)
+    part = core.partitions[tp]
+    assert part.counts.skipped == 1 and part.counts.failed == 1
