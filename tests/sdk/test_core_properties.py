@@ -8,6 +8,8 @@ Checked after every step:
 * held counts equal what the model says is registered and incomplete;
 * records given back (forgotten to be fetched again) never include one that started,
   completed or failed, and come back with the next fetch;
+* a partition revoked while its records wait in the workers' queue gets them back not
+  started, and its next assignment runs them;
 * once everything succeeds, every record completes (nothing is lost or stuck).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import random
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import pytest
@@ -23,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from sdk._core import NOT_STARTED, Item, ItemShape, WorkCore
-from sdk._failures import FailurePolicy
+from sdk._failures import SKIP, Decision, FailurePolicy
 from sdk._offsets import decode_offset_map, read_offset_map
 from sdk._options import Options, Ordering
 from sdk._partition import Counts, PartitionState
@@ -60,6 +63,20 @@ class Message(NamedTuple):
         return None
 
 
+@dataclass(frozen=True)
+class WatchedPolicy(FailurePolicy):
+    """The failure policy, telling the model which records it skipped: the model learns what
+    is complete from the handlers' outcomes and the policy, never from the core."""
+
+    skipped: list[Entry] = field(default_factory=list)
+
+    def decide(self, entry: Entry, error: BaseException, now: float) -> Decision:
+        decision = super().decide(entry, error, now)
+        if decision == SKIP:
+            self.skipped.append(entry)
+        return decision
+
+
 class CoreMachine(RuleBasedStateMachine):
     @initialize(
         ordering=st.sampled_from(list(Ordering)),
@@ -83,7 +100,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.core = WorkCore(
             ordering,
             null_keys=null_keys,
-            failures=FailurePolicy(
+            failures=WatchedPolicy(
                 max_attempts=max_attempts,
                 retry_delay=lambda attempt, error: 0.5 * attempt,
                 on_exhausted=on_exhausted,
@@ -100,6 +117,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.given_back: dict[tuple[str, int], dict[int, bytes | None]] = {}  # to fetch again
         self.last_commit: dict[tuple[str, int], int] = {}
         self.items: dict[int, Item] = {}
+        self.stopped: set[int] = set()  # items whose worker reached a revoked partition's record
         self.dead_letters: list = []
         self.stuck: list = []
         for p in range(2):
@@ -110,6 +128,7 @@ class CoreMachine(RuleBasedStateMachine):
     ) -> None:
         ranges = [(o, o + 1) for o in sorted(completed)]
         self.core.assign(tp, committed, ranges, now=self.now)
+        self.core.partitions[tp].cut_at = 2  # the done prefix is cut off all the time
         self.records[tp] = {}
         self.given_back.pop(tp, None)
         self.complete_offsets[tp] = set(completed)
@@ -149,11 +168,11 @@ class CoreMachine(RuleBasedStateMachine):
         partition's; the records given back come first, and records seen before (fetched
         again after them: ignored) may follow."""
         tp = (TOPIC, partition)
-        if tp not in self.core.partitions:
+        if not self.fetching(tp):
             return
         messages = []
         other = (TOPIC, 1 - partition)
-        if other_keys and other in self.core.partitions:
+        if other_keys and self.fetching(other):
             messages += self.given_back_messages(other)
             messages += self.new_messages(other, other_keys, 0)
         messages += self.given_back_messages(tp)
@@ -161,6 +180,11 @@ class CoreMachine(RuleBasedStateMachine):
         messages += [Message(tp, offset, self.records[tp][offset]) for offset in seen]
         messages += self.new_messages(tp, keys, gap)
         self.add(messages)
+
+    def fetching(self, tp: tuple[str, int]) -> bool:
+        """Whether records of ``tp`` are fetched (it is assigned and not revoked)."""
+        part = self.core.partitions.get(tp)
+        return part is not None and not part.revoked
 
     def new_messages(
         self, tp: tuple[str, int], keys: list[bytes | None], gap: int
@@ -181,7 +205,7 @@ class CoreMachine(RuleBasedStateMachine):
         item = self.items[data.draw(st.sampled_from(sorted(self.items)))]
         entry = item.entries[-1]
         tp = entry.tp
-        if entry.part.dead or tp not in self.core.partitions or tp in self.given_back:
+        if entry.part.dead or not self.fetching(tp) or tp in self.given_back:
             return
         key = self.records[tp][entry.offset]
         offset = self.next_offset[tp]
@@ -253,7 +277,7 @@ class CoreMachine(RuleBasedStateMachine):
         for item in self.core.take(self.now, slots, shape):
             self.items[item.id] = item
             for entry in item.entries:
-                limit = self.core.partitions[entry.tp].limit
+                limit = self.core.partitions[entry.tp].release_limit()  # watermark or map cap
                 assert limit is None or entry.offset < limit, "started beyond the release limit"
 
     def check_may_start(self, entry, finished_before: frozenset[int] = frozenset()) -> None:
@@ -279,10 +303,14 @@ class CoreMachine(RuleBasedStateMachine):
         item_id = data.draw(st.sampled_from(sorted(self.items)))
         item = self.items[item_id]
         remaining = len(item.entries) - item.finished
-        if remaining < 2:
+        if remaining < 2 or item_id in self.stopped:
             return
         count = data.draw(st.integers(1, remaining - 1))
         for i in range(item.finished, item.finished + count):
+            if item.entries[i].part.revoked:  # not started: what it counts as finished ends
+                self.stopped.add(item_id)
+                count = i - item.finished
+                break
             ran = frozenset(e.offset for e in item.entries[:i])
             self.check_may_start(item.entries[i], ran)
         item.finished += count
@@ -302,6 +330,7 @@ class CoreMachine(RuleBasedStateMachine):
     def finish(self, data: st.DataObject) -> None:
         item_id = data.draw(st.sampled_from(sorted(self.items)))
         item = self.items.pop(item_id)
+        self.stopped.discard(item_id)
         results: list = [None] * item.finished  # succeeded earlier (see report_progress)
         for entry in item.entries[: item.finished]:
             if not entry.part.dead:
@@ -314,6 +343,9 @@ class CoreMachine(RuleBasedStateMachine):
             shard = self.shard_of(entry.tp, entry.offset) if current else None
             if current and shard in failed_shards and self.ordering is not Ordering.UNORDERED:
                 results.append(NOT_STARTED)  # the worker stops a shard's run after a failure
+                continue
+            if current and entry.part.revoked:
+                results.append(NOT_STARTED)  # its partition's next owner runs it
                 continue
             self.check_may_start(entry)
             outcome = data.draw(st.sampled_from(["ok", "ok", "retry", "terminal"]))
@@ -336,13 +368,12 @@ class CoreMachine(RuleBasedStateMachine):
         return {e.offset for e in self.dead_letters if e.tp == tp}
 
     def _record_skips(self) -> None:
-        # Skipped records (exhausted with on_exhausted="skip") are complete in the core.
-        for tp, partition in self.core.partitions.items():
-            registered = set(self.records[tp])
-            incomplete = set(partition.held_offsets()) - set(partition.completed_beyond_head())
-            incomplete |= {o for o in registered if o > partition.highest}
-            for offset in registered - incomplete:
-                self.complete_offsets[tp].add(offset)
+        """Records the policy skipped (exhausted with ``on_exhausted="skip"``) are complete."""
+        skipped = self.core.failures.skipped
+        for entry in skipped:
+            if self.core.partitions.get(entry.tp) is entry.part:  # (not of a dropped one)
+                self.complete_offsets[entry.tp].add(entry.offset)
+        skipped.clear()
 
     @precondition(lambda self: self.dead_letters)
     @rule()
@@ -384,6 +415,15 @@ class CoreMachine(RuleBasedStateMachine):
                 base, completed = decode_offset_map(commit.metadata)
                 assert base == commit.offset
                 assert completed <= self.complete_offsets[commit.tp] | self.given_up(commit.tp)
+
+    @rule(partition=st.integers(0, 1))
+    def revoke(self, partition: int) -> None:
+        """A rebalance begins: nothing more of the partition starts, and its records waiting
+        in the workers' queue come back not started; results, commits and every other rule
+        go on until ``rebalance`` drops it."""
+        tp = (TOPIC, partition)
+        if self.fetching(tp):
+            self.core.revoke([tp])
 
     @rule(partition=st.integers(0, 1))
     def rebalance(self, partition: int) -> None:
@@ -467,6 +507,9 @@ class CoreMachine(RuleBasedStateMachine):
             assert shard.part.shards.get(shard.key) is shard, f"{shard} is not in its partition"
         for part, key, shard in every:
             assert shard.part is part and shard.key == key and not part.dead, shard
+            if part.revoked:  # out of scheduling: its records wait for its next assignment
+                assert shard.state in (DEAD, RUNNING), shard
+                continue
             state = shard.state
             assert (state == READY) == any(s is shard for s in ready), shard
             assert (state == WAITING) == any(s is shard for s in parked), shard
@@ -534,6 +577,9 @@ class CoreMachine(RuleBasedStateMachine):
         """Liveness: with the limits lifted and every handler succeeding, all completes."""
         if not hasattr(self, "core"):
             return
+        for tp, part in list(self.core.partitions.items()):
+            if part.revoked:
+                self.rebalance(tp[1])  # its next assignment runs what it held
         for tp in list(self.core.partitions):
             self.core.set_limit(tp, None)
         for entry in self.dead_letters:
