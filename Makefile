@@ -23,7 +23,8 @@ $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 
 # The engine's core is compiled at install (setup.py): editing it reinstalls, so the tests
 # run the compiled core built from the sources they see.
-CORE_SOURCES := setup.py sdk/_core.py sdk/_partition.py sdk/_scheduler.py sdk/_shards.py
+CORE_SOURCES := setup.py sdk/_core.py sdk/_partition.py sdk/_scheduler.py sdk/_shards.py \
+	sdk/_record.py
 
 $(VENV)/.installed-dev: pyproject.toml $(CORE_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -38,7 +39,7 @@ lint: $(VENV)/.installed-dev
 
 # pytest exits 5 when it collected no test: that is a failure here, never a pass. The core's
 # tests run twice: on the compiled core (with everything else), then on the pure-Python one.
-CORE_TESTS := tests/sdk/test_core_properties.py tests/sdk/test_shell_machine.py \
+CORE_TESTS := tests/sdk/test_core_properties.py tests/sdk/test_shell_machine.py tests/sdk/test_record.py \
 	tests/sdk/test_shell_regressions.py tests/sdk/test_sizing.py
 test: lint
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); status=$$?; \

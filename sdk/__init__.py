@@ -22,10 +22,11 @@ on have committed past it::
 
 import sdk._compiled  # noqa: F401 - chooses the compiled or the pure core first
 from sdk._engine import EngineError, ParallelConsumer, stop_on_signals
+from sdk._failures import DecodeError, RetriableError, TerminalError
 from sdk._gating import Gate, GateTimeout, gated
 from sdk._offsets import OffsetMapError, decode_offset_map, encode_offset_map
 from sdk._options import ExponentialBackoff, Hooks, Options, OptionsError, Ordering
-from sdk._record import DecodeError, Record, RetriableError, TerminalError
+from sdk._record import Record
 from sdk._sources import EmbeddedSource, HttpSource, RedisSource
 from sdk._view import GateError, WatermarkSource
 

@@ -1,4 +1,5 @@
-"""What happens to a record whose handler failed: retry, dead-letter, skip or hold.
+"""What happens to a record whose handler failed (retry, dead-letter, skip or hold), and the
+errors a handler may raise to steer it.
 
 A record counts as done only when it was processed, dead-lettered with an acknowledged copy,
 or skipped by a policy the user chose (``on_exhausted="skip"``). A record that cannot be
@@ -13,8 +14,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from sdk._record import DecodeError, TerminalError
 from sdk._shards import Entry
+
+
+class RetriableError(Exception):
+    """Raise to have a record retried without an error-level log line."""
+
+
+class TerminalError(Exception):
+    """Raise when retrying cannot help: the record is dead-lettered (or skipped) at once."""
+
+
+class DecodeError(TerminalError):
+    """The record's key or value could not be deserialized."""
+
 
 Decision = Literal["retry", "dead_letter", "skip", "hold"]
 RETRY: Decision = "retry"

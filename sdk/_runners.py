@@ -20,11 +20,12 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from sdk._failures import DecodeError, RetriableError
 from sdk._options import Options
-from sdk._record import DecodeError, Record, RetriableError
+from sdk._record import Record, batch_records
 from sdk._shards import NOT_STARTED, Entry, Item
 
 log = logging.getLogger("sdk.handler")
@@ -158,20 +159,16 @@ class Work:
                 stopped.add(self.stop_mark(entry))
         return results
 
-    def prepare_batch(self, entries: Sequence[Entry]) -> tuple[list[Any], list[Record], list[int]]:
+    def prepare_batch(self, entries: list[Entry]) -> tuple[list[Any], list[Record], list[int]]:
         """Records of a batch that may run, and results already known: undecodable records,
         and records of a revoked partition (not started)."""
         results: list[Any] = [None] * len(entries)
-        key_deserializer, value_deserializer = self.deserializers
         if not self.check_decoding:
             for entry in entries:
                 if entry.part.revoked:
                     break
             else:
-                records = [
-                    Record(e.payload, e.attempts + 1, key_deserializer, value_deserializer)
-                    for e in entries
-                ]
+                records = batch_records(entries, *self.deserializers)
                 return results, records, list(range(len(entries)))
         records, runnable = [], []
         for i, entry in enumerate(entries):
@@ -195,7 +192,7 @@ class Work:
             results[i] = error
             self.failed(record, error)
 
-    def run_batch(self, entries: Sequence[Entry]) -> list[Any]:
+    def run_batch(self, entries: list[Entry]) -> list[Any]:
         results, records, runnable = self.prepare_batch(entries)
         if records:
             try:
@@ -390,7 +387,7 @@ class AsyncRunner:
                 if work.ordered:
                     stopped.add(work.stop_mark(entry))
 
-    async def _run_batch(self, entries: Sequence[Entry]) -> list[Any]:
+    async def _run_batch(self, entries: list[Entry]) -> list[Any]:
         work = self.work
         results, records, runnable = work.prepare_batch(entries)
         if records:

@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from sdk._core import NOT_STARTED, Item, ItemShape, WorkCore
-from sdk._failures import SKIP, Decision, FailurePolicy
+from sdk._failures import SKIP, Decision, FailurePolicy, TerminalError
 from sdk._offsets import decode_offset_map, read_offset_map
 from sdk._options import Options, Ordering
 from sdk._partition import Counts, PartitionState
-from sdk._record import Record, TerminalError
+from sdk._record import Record
 from sdk._runners import Work
 from sdk._shards import BLOCKED, DEAD, IDLE, READY, RUNNING, STUCK, WAITING, Entry, Shard
 
@@ -934,3 +934,4 @@ def test_a_failure_whose_exception_is_false_is_still_a_failure(ordering: Orderin
     core.complete(item.id, [FalsyError("bad"), None][: len(item.entries)], 0.0)
     part = core.partitions[tp]
     assert part.counts.skipped == 1 and part.counts.failed == 1
+

@@ -12,9 +12,9 @@ import pytest
 
 from sdk import Options, Ordering, RetriableError, TerminalError
 from sdk._core import NOT_STARTED
+from sdk._failures import DecodeError
 from sdk._offsets import _varints
 from sdk._options import OptionsError
-from sdk._record import DecodeError
 from sdk._runners import AsyncRunner, Work
 from sdk._shards import Entry, Item
 from tests.sdk.simulated import Clock, Cluster, SimEngine, SimProducer, offer, sim_gate
