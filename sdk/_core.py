@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 from typing import Any, NamedTuple
 
 from sdk._failures import DEAD_LETTER, RETRY, SKIP, FailurePolicy
@@ -57,6 +56,10 @@ from sdk._shards import (
 )
 
 __all__ = ["NOT_STARTED", "TP", "Commit", "Entry", "Item", "ItemShape", "Outcome", "WorkCore"]
+
+
+def _no_method(message: Any) -> Any:
+    raise AssertionError("replaced by the message class's method before use")
 
 
 def _due(message: Any, delay: float) -> float:
@@ -179,14 +182,22 @@ class WorkCore:
         offsets: list[int] = []
         topic: str | None = None
         number = last = -1
+        # A message's methods are taken from its class once (a fetch holds messages of one
+        # class): calling them is cheaper than looking each up on every message.
+        kind: type | None = None
+        error_of = partition_of = offset_of = topic_of = _no_method
         for message in messages:
-            if message.error() is not None:
+            if type(message) is not kind:
+                kind = type(message)
+                error_of, partition_of = kind.error, kind.partition
+                offset_of, topic_of = kind.offset, kind.topic
+            if error_of(message) is not None:
                 errors.append(message)
                 continue
-            partition = message.partition()
-            if partition != number or (sole_topic is None and message.topic() != topic):
+            partition = partition_of(message)
+            if partition != number or (sole_topic is None and topic_of(message) != topic):
                 number = partition
-                topic = message.topic() if sole_topic is None else sole_topic
+                topic = topic_of(message) if sole_topic is None else sole_topic
                 part = partitions.get((topic, number))
                 if part is None or part.revoked:
                     run = None
@@ -196,7 +207,7 @@ class WorkCore:
                     in_order.append(True)
                     last = -1
             if run is not None:
-                offset = message.offset()
+                offset = offset_of(message)
                 if offset <= last:
                     in_order[-1] = False
                 last = offset
@@ -268,9 +279,19 @@ class WorkCore:
         shard = part.shards.get(None)
         if shard is None:
             shard = self.scheduler.new_shard(None, part)
-        entries = list(
-            map(Entry, offsets, repeat(part), repeat(shard), run, not_before or repeat(0.0), seqs)
-        )
+        # (Built one by one: the compiled core calls Entry directly, where map() would go
+        # through the generic call, with an argument tuple, for each.)
+        entries = [
+            Entry(
+                offsets[i],
+                part,
+                shard,
+                run[i],
+                0.0 if not_before is None else not_before[i],
+                seqs[i],
+            )
+            for i in range(len(run))
+        ]
         state = shard.state
         queue = shard.queue
         if state == RUNNING and self.follow_on and not queue:
@@ -301,12 +322,17 @@ class WorkCore:
         assert lane is not None
         lane_queue = lane.queue
         queue_in_lane = lane_queue.append
+        kind: type | None = None
+        key_of = _no_method
         for i in range(len(run)):
             message = run[i]
             offset = offsets[i]
             due = 0.0 if not_before is None else not_before[i]
             seq = seqs[i]
-            key = message.key()
+            if type(message) is not kind:
+                kind = type(message)
+                key_of = kind.key
+            key = key_of(message)
             if key is None and null_keys_unordered:
                 key = (None, offset)  # alone with its offset: unordered
             entry = Entry(offset, part, lane, message, due, seq)

@@ -935,3 +935,30 @@ def test_a_failure_whose_exception_is_false_is_still_a_failure(ordering: Orderin
     part = core.partitions[tp]
     assert part.counts.skipped == 1 and part.counts.failed == 1
 
+
+class OtherMessage(Message):
+    """A message of another class (its methods are looked up anew)."""
+
+    def key(self) -> bytes | None:
+        return b"other:" + (self.key_ or b"")
+
+
+@pytest.mark.parametrize("ordering", list(Ordering))
+def test_a_fetch_may_mix_message_classes(ordering: Ordering) -> None:
+    core = WorkCore(ordering)
+    first, second = (TOPIC, 0), (TOPIC, 1)
+    core.assign(first, None)
+    core.assign(second, None)
+    fetch = [
+        Message(first, 0, b"a"),
+        OtherMessage(first, 1, b"a"),
+        OtherMessage(second, 0, b"b"),
+        Message(second, 1, b"b"),
+    ]
+    assert core.add_messages(fetch, 0.0) == []
+    assert [core.partitions[tp].held_offsets() for tp in (first, second)] == [[0, 1], [0, 1]]
+    if ordering is Ordering.KEY:  # each class's own key() was read: no two records share one
+        assert len(core.partitions[first].live_keys) == 2
+    items = core.take(0.0, 8, ItemShape(8, 8, 8))
+    taken = sorted((e.tp, e.offset) for item in items for e in item.entries)
+    assert taken == sorted((m.tp, m.offset_) for m in fetch)
