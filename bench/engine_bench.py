@@ -6,9 +6,9 @@
    times: the longest shard's total, or total work / concurrency, whichever is larger) and
    next to the Java library's published figure. Target: every row within 1.10x of its bound.
 2. No-op handler throughput over 1,000,000 records on 12 partitions next to two plain
-   confluent-kafka consume loops in the same run (ratios): one storing each offset when the
-   record is handed out, one storing it after processing (the engine's guarantee, which the
-   targets compare with). Targets: KEY single-record >= 0.35, KEY batch >= 0.60, UNORDERED
+   confluent-kafka consume loops in the same run (ratios; best of three interleaved rounds,
+   and the medians): one storing each offset when the record is handed out, one storing it
+   after processing (the engine's guarantee, which the targets compare with). Targets: KEY single-record >= 0.35, KEY batch >= 0.60, UNORDERED
    single-record >= 0.45. Then the consumer thread's time per record in the engine's core,
    compiled and pure, without a broker (``--only core``: the part of a record's cost that is
    the engine's own, and much less noisy than end-to-end rates).
@@ -33,6 +33,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -480,16 +481,21 @@ def throughput(
             ran = peer.run(bootstrap, topic, records, ordering, 0, "noop")
             if ran is not None:
                 results.setdefault(name, []).append(records / ran["seconds"])
+    # Rounds of one variant can differ by 2x on a shared machine: the best of the rounds is
+    # the figure judged, the medians show how typical it is.
     best = {name: max(rates) for name, rates in results.items() if rates}
+    median = {name: statistics.median(rates) for name, rates in results.items() if rates}
     fast, same = (best[name] for name in plains)
+    same_median = median["plain loop (offsets stored after processing)"]
     table(
         f"No-op throughput: {records:,} records, 12 partitions, 100k keys, best of {rounds}; "
         "engine: default options, max_concurrency=16; pyrallel-consumer: its defaults "
         "(asyncio, max_in_flight=1,000)",
         ["consumer", "records/s", "x plain (stored when handed out)", "x plain (stored after)",
-         "pauses"],
+         "medians: x plain (stored after)", "pauses"],
         [
-            [name, round(rate), round(rate / fast, 3), round(rate / same, 3), pauses.get(name, "-")]
+            [name, round(rate), round(rate / fast, 3), round(rate / same, 3),
+             round(median[name] / same_median, 3), pauses.get(name, "-")]
             for name, rate in best.items()
         ],
     )  # fmt: skip
@@ -497,6 +503,7 @@ def throughput(
         name: {
             "vs_plain_stored_when_handed_out": round(rate / fast, 3),
             "vs_plain_stored_after_processing": round(rate / same, 3),
+            "medians_vs_plain_stored_after_processing": round(median[name] / same_median, 3),
         }
         for name, rate in best.items()
     }
@@ -814,7 +821,7 @@ def main() -> None:
                 bootstrap,
                 admin,
                 300_000 if args.quick else 1_000_000,
-                1 if args.quick else 2,
+                1 if args.quick else 3,
                 peer,
             )
             for name, (_, ours) in PEER_WORKLOADS.items():
