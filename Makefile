@@ -39,8 +39,8 @@ lint: $(VENV)/.installed-dev
 
 # pytest exits 5 when it collected no test: that is a failure here, never a pass. The core's
 # tests run twice: on the compiled core (with everything else), then on the pure-Python one.
-CORE_TESTS := tests/sdk/test_core_properties.py tests/sdk/test_shell_machine.py tests/sdk/test_record.py \
-	tests/sdk/test_shell_regressions.py tests/sdk/test_sizing.py
+CORE_TESTS := tests/sdk/test_core_properties.py tests/sdk/test_shell_machine.py \
+	tests/sdk/test_shell_regressions.py tests/sdk/test_sizing.py tests/sdk/test_record.py
 test: lint
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
