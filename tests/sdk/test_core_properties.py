@@ -15,8 +15,10 @@ Checked after every step:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -856,6 +858,24 @@ def test_a_fetch_over_restored_ranges_skips_the_records_completed_before(
     assert core.partitions[tp].committable() == 7
 
 
+@contextlib.contextmanager
+def no_cycles_left() -> Iterator[None]:
+    """The body runs with the collector off; then the collector must find none of the
+    engine's objects in reference cycles (reference counting freed them all)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds stays in gc.garbage
+        gc.collect()
+        ours = [o for o in gc.garbage if isinstance(o, Entry | Item | Shard | PartitionState)]
+        assert not ours, f"{len(ours)} of the engine's objects were left in reference cycles"
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
 @pytest.mark.parametrize("ordering", list(Ordering))
 def test_records_leave_no_reference_cycles_behind(ordering: Ordering) -> None:
     """Finished records are freed by reference counting: the collector finds nothing (a
@@ -863,9 +883,7 @@ def test_records_leave_no_reference_cycles_behind(ordering: Ordering) -> None:
     core = WorkCore(ordering, follow_on=8)
     tp = (TOPIC, 0)
     core.assign(tp, None)
-    gc.collect()
-    gc.disable()
-    try:
+    with no_cycles_left():
         for turn in range(20):
             base = turn * 4
             keys = [b"a", b"b", b"a", b"c"]
@@ -878,14 +896,6 @@ def test_records_leave_no_reference_cycles_behind(ordering: Ordering) -> None:
             items = core.take(1e6, 4, ItemShape(8, 8, 8))
             for item in items:
                 core.complete(item.id, [None] * len(item.entries), 1e6)
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds stays in gc.garbage
-        gc.collect()
-        ours = [o for o in gc.garbage if isinstance(o, Entry | Item | Shard | PartitionState)]
-        assert not ours, f"{len(ours)} of the engine's objects were left in reference cycles"
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
 
 
 def test_an_item_completed_after_its_partition_was_dropped_leaves_no_cycle_behind() -> None:
@@ -895,9 +905,7 @@ def test_an_item_completed_after_its_partition_was_dropped_leaves_no_cycle_behin
     core = WorkCore(Ordering.KEY, follow_on=4)
     tp = (TOPIC, 0)
     core.assign(tp, None)
-    gc.collect()
-    gc.disable()
-    try:
+    with no_cycles_left():
         core.add_messages([Message(tp, 0, b"a")], 0.0)
         (item,) = core.take(0.0, 1, ItemShape(8, 8, 8))
         core.add_messages([Message(tp, 1, b"a")], 0.0)  # follows a running record: joins it
@@ -905,14 +913,6 @@ def test_an_item_completed_after_its_partition_was_dropped_leaves_no_cycle_behin
         core.drop([tp])
         core.complete(item.id, [None, None], 0.0)
         del item
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        ours = [o for o in gc.garbage if isinstance(o, Entry | Item | Shard | PartitionState)]
-        assert not ours, f"{len(ours)} of the engine's objects were left in reference cycles"
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
 
 
 class FalsyError(Exception):
