@@ -19,9 +19,10 @@ a named method. The rules it keeps:
   callbacks) enter, and at the full buffer every partition pauses until the engine is back
   below the reserve. A partition that holds its share and is stalled (nothing it holds can
   start, or its head has not moved for a while) is paused, and counts as its share only, so
-  it does not starve the others (memory stays within the buffer plus one share); while the
-  engine holds a whole buffer, every stalled partition is paused, so the room beyond goes to
-  partitions that flow. While the buffer is used up, a paused stalled partition beyond its
+  it does not starve the others; the records in memory (the incomplete ones: a completed
+  record beyond the head keeps only its offset) stay within the buffer plus one share. While
+  the engine holds a whole buffer, every stalled partition is paused, so the room beyond
+  goes to partitions that flow. While the buffer is used up, a paused stalled partition beyond its
   share gives back its newest records that have not started (the shell seeks back to them):
   what stays beyond its share is a record that never completes and the completed ones after
   it. A flowing one is not paused, because every pause throws away
@@ -598,14 +599,16 @@ class WorkCore:
         """The part of the buffer in use: what partitions hold, a stalled partition counted
         at no more than its share (it is paused there, and what it holds beyond its share
         must not starve the others: a poison head could hold it for good), but never less
-        than what is held minus one share (so memory stays within the buffer plus a share)."""
+        than the records in memory minus one share (so they stay within the buffer plus a
+        share). The records in memory are the incomplete ones: of a completed record beyond
+        its partition's lowest incomplete one only the offset is kept."""
         share = self.share()
-        used = held_total = 0
+        used = in_memory = 0
         for part in self.partitions.values():
             held = part.held
-            held_total += held
+            in_memory += part.incomplete
             used += share if held > share and part.stalled(now) else held
-        return max(used, held_total - share)
+        return max(used, in_memory - share)
 
     def room(self, now: float) -> int:
         """How many records a fetch may take now (the reserve is kept for callbacks)."""

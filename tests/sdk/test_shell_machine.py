@@ -18,8 +18,8 @@ and stopping and restarting. After every step it checks:
   is paused only when the buffer is full or it is stalled with its share used (no stuck
   pause, no pause of a partition that flows);
 * the memory bound holds: fetching stops at the buffer, and only partitions stalled beyond
-  their share (counted as their share, so they cannot starve the others) let the engine
-  exceed it, by one share at most;
+  their share (counted as their share, so they cannot starve the others) let the records
+  in memory exceed it, by one share at most;
 * the loop does not spin: a short wait is always for a record it can start then.
 
 At the end, with the gate open and every handler succeeding, everything not held for good
@@ -448,16 +448,22 @@ class ShellMachine(RuleBasedStateMachine):
             return
         core = engine.core
         # Fetching stops at the buffer; a partition stalled beyond its share counts as its
-        # share (so it cannot starve the others), which may let the engine hold one share
-        # more than the buffer, never more.
+        # share (so it cannot starve the others), which may let the records in memory (the
+        # incomplete ones) exceed the buffer by one share, never more. A partition's
+        # completed records beyond its head keep only their offsets: what one partition
+        # holds stays within the same bound, but stalled partitions together may hold more.
         # (A share is the buffer over the assigned partitions: the largest one seen counts,
         # since records fetched under it stay after a rebalance shrinks it.)
         limit = core.buffer_limit
         self.largest_share = max(getattr(self, "largest_share", 0), core.share())
-        assert core.held() <= limit + self.largest_share, (
-            f"holds {core.held()} with a buffer of {limit} and shares of {self.largest_share}"
+        bound = limit + self.largest_share
+        in_memory = sum(part.incomplete for part in core.partitions.values())
+        assert in_memory <= bound, (
+            f"{in_memory} records in memory with a buffer of {limit} and shares of "
+            f"{self.largest_share}"
         )
-        for part in core.partitions.values():
+        for tp, part in core.partitions.items():
+            assert part.held <= bound, f"{tp} holds {part.held}, beyond {bound}"
             assert set(part.completed_beyond_head()) <= set(part.held_offsets()), (
                 "a completed offset outside the held ones"
             )

@@ -396,6 +396,31 @@ def test_a_partition_stuck_with_the_whole_buffer_does_not_starve_the_others() ->
     assert shell.committed(0) in (None, 0) and TP0 in shell.sim.paused
 
 
+def test_partitions_held_up_by_records_failed_for_good_do_not_starve_a_third() -> None:
+    """Partitions 0 and 1 each hold a record failed for good (no dead-letter topic: held)
+    and the records completed after it, which the commit cannot pass: five records held
+    with a buffer of four. Only their offsets stay in memory, and each stalled partition
+    counts as its share: partition 2's record is fetched, processed and committed."""
+    shell = Shell(
+        Options(ordering=Ordering.UNORDERED, max_concurrency=4, max_buffered=4), partitions=3
+    )
+    for partition, count in ((0, 3), (1, 2)):
+        shell.cluster.produce(partition, [b"a"] * count)
+        for _ in range(10):  # each partition's first record fails for good, the others succeed
+            shell.turn(seconds=0.5)
+            for item in shell.running():
+                shell.finish(
+                    item, [TerminalError("never") if e.offset == 0 else None for e in item.entries]
+                )
+    parts = shell.engine.core.partitions
+    assert [parts[(TOPIC, p)].held for p in (0, 1)] == [3, 2]
+    assert [parts[(TOPIC, p)].incomplete for p in (0, 1)] == [1, 1]
+    shell.cluster.produce(2, [b"a"])
+    shell.finish_all(turns=20, seconds=0.5)
+    assert shell.committed(2) == 1, "partition 2 starved behind the held records of 0 and 1"
+    assert shell.committed(0) in (None, 0) and shell.committed(1) in (None, 0)
+
+
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_flowing_partitions_are_not_paused_when_the_buffer_fills(partitions: int) -> None:
     """Backlogs larger than the buffer, every record succeeding: the engine stops taking
