@@ -673,7 +673,10 @@ class WindowMachine(RuleBasedStateMachine):
 
     def held(self) -> list[int]:
         open_ = [o for o, done in self.model.items() if not done]
-        return [o for o in self.model if o >= min(open_)] if open_ else []
+        if not open_:
+            return []
+        lowest = min(open_)
+        return [o for o in self.model if o >= lowest]
 
     @invariant()
     def the_window_agrees_with_the_model(self) -> None:
