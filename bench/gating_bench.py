@@ -329,7 +329,7 @@ def main() -> None:
         )
         table(
             f"Gating cost with the dependencies far ahead: {cost['records']:,} records, "
-            f"{cost['rounds']} interleaved rounds",
+            f"{cost['rounds']} interleaved round{'s' if cost['rounds'] != 1 else ''}",
             ["engine", "records/s (best)", "records/s (median)"],
             [
                 [name, round(rate), round(cost["median_records_per_second"][name])]
