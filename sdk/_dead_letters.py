@@ -55,7 +55,7 @@ class DeadLetters:
             ("dlt.original.topic", topic.encode()),
             ("dlt.original.partition", str(partition).encode()),
             ("dlt.original.offset", str(entry.offset).encode()),
-            ("dlt.error", f"{type(error).__name__}: {error}".encode(errors="replace")[:4000]),
+            ("dlt.error", (error or "").encode(errors="replace")[:4000]),
             ("dlt.attempts", str(entry.attempts).encode()),
         ]
 

@@ -29,6 +29,16 @@ class DecodeError(TerminalError):
     """The record's key or value could not be deserialized."""
 
 
+def describe(error: BaseException) -> str:
+    """``"Type: text"`` of a failure: what the engine keeps of it once decided (an exception
+    kept on a record would keep whatever its traceback's frames held)."""
+    try:
+        text = str(error)
+    except Exception:
+        text = "(unprintable)"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
 Decision = Literal["retry", "dead_letter", "skip", "hold"]
 RETRY: Decision = "retry"
 DEAD_LETTER: Decision = "dead_letter"
@@ -54,7 +64,7 @@ class FailurePolicy:
         counts = entry.part.counts
         counts.failed += 1
         entry.attempts += 1
-        entry.last_error = error
+        entry.last_error = describe(error)  # (never the exception: see ``describe``)
         if isinstance(error, DecodeError) and self.decode_errors_to_dead_letters:
             return DEAD_LETTER
         exhausted = self.max_attempts is not None and entry.attempts >= self.max_attempts

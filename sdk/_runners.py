@@ -2,11 +2,18 @@
 
 A runner receives work items from the consumer's thread and returns, through the consumer's
 inbox, one result per record it got to: ``None`` (success), the exception raised, or
-``NOT_STARTED`` for records of a shard whose earlier record in the same item failed, and for
+``NOT_STARTED`` for records of a shard whose earlier record in the same item failed, for
 records of a partition revoked before they started (the partition's next owner runs them, in
-order: a revocation never waits for them). Records it did not get to (they joined the item
-after its last look, or the runner closed) have no result: the core counts them as not
+order: a revocation never waits for them), and for records at or beyond their partition's
+release limit when the worker reaches them (a watermark lowered since they were handed out:
+they go back to their shard and wait, in order). Records it did not get to (they joined the
+item after its last look, or the runner closed) have no result: the core counts them as not
 started.
+
+A failure's traceback is dropped once it was logged and shown to the ``on_failure`` hook: it
+holds the worker's frames, whose locals hold the item's records, so a kept exception would
+keep every record of its item (and, through their own earlier failures, earlier items) in
+memory.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sdk._failures import DecodeError, RetriableError
+from sdk._failures import DecodeError, RetriableError, TerminalError
 from sdk._options import Options
 from sdk._record import Record, batch_records
 from sdk._shards import NOT_STARTED, Entry, Item
@@ -76,6 +83,19 @@ class Work:
         self.plain = hooks.before_handle is None and hooks.after_handle is None
 
     @staticmethod
+    def may_start(entry: Entry) -> bool:
+        """Whether a worker may start the record now: its partition was not revoked, and its
+        release limit (the watermark, or the offset map's cap) has not fallen to it since it
+        was handed out."""
+        part = entry.part
+        if part.revoked:
+            return False
+        if part.limit is None and part.map_cap is None:
+            return True
+        limit = part.release_limit()
+        return limit is None or entry.offset < limit
+
+    @staticmethod
     def stop_mark(entry: Entry) -> object:
         """What a failed record stops for the rest of its item: its shard's records, or for a
         record of a lane (whose records are unrelated) the records of its key."""
@@ -97,7 +117,9 @@ class Work:
                 return DecodeError(problem)
         return None
 
-    def failed(self, record: Record, error: BaseException) -> None:
+    def failed(self, record: Record, error: BaseException, forget: bool = True) -> None:
+        """Log a failed attempt and show it to the ``on_failure`` hook, then drop its
+        traceback (see the module's docstring)."""
         if isinstance(error, RetriableError):
             log.debug("%r failed, will retry: %s", record, error)
         else:
@@ -108,6 +130,8 @@ class Work:
                 hook(record, error)
             except Exception:
                 log.exception("on_failure hook raised")
+        if forget:
+            forget_frames(error)
 
     def hook(self, name: str, record: Record) -> None:
         hook = getattr(self.options.hooks, name)
@@ -130,8 +154,9 @@ class Work:
         failed = False
         handler, plain, check_decoding = self.handler, self.plain, self.check_decoding
         key_deserializer, value_deserializer = self.deserializers
+        may_start = self.may_start
         for entry in entries:
-            if (stopped and self.stopped(entry, stopped)) or entry.part.revoked:
+            if (stopped and self.stopped(entry, stopped)) or not may_start(entry):
                 results.append(NOT_STARTED)
                 failed = True  # (what ``item.finished`` counts ends here)
                 continue
@@ -161,18 +186,19 @@ class Work:
 
     def prepare_batch(self, entries: list[Entry]) -> tuple[list[Any], list[Record], list[int]]:
         """Records of a batch that may run, and results already known: undecodable records,
-        and records of a revoked partition (not started)."""
+        and records that may not start (a revoked partition, a lowered release limit)."""
         results: list[Any] = [None] * len(entries)
+        may_start = self.may_start
         if not self.check_decoding:
             for entry in entries:
-                if entry.part.revoked:
+                if not may_start(entry):
                     break
             else:
                 records = batch_records(entries, *self.deserializers)
                 return results, records, list(range(len(entries)))
         records, runnable = [], []
         for i, entry in enumerate(entries):
-            if entry.part.revoked:
+            if not may_start(entry):
                 results[i] = NOT_STARTED
                 continue
             record = self.record(entry)
@@ -190,22 +216,48 @@ class Work:
     ) -> None:
         for i, record in zip(runnable, records, strict=True):
             results[i] = error
-            self.failed(record, error)
+            self.failed(record, error, forget=False)
+        forget_frames(error)
+
+    def isolates(self, error: BaseException, records: list[Record]) -> bool:
+        """Whether a batch's failure is final for its records (a ``TerminalError``, or the
+        last attempt of one of them): then each is tried again on its own first, so only a
+        record that fails by itself is given up (dead-lettered, skipped or held)."""
+        if len(records) < 2:
+            return False
+        if isinstance(error, TerminalError):
+            return True
+        most = self.options.max_attempts
+        return most is not None and any(record.attempt >= most for record in records)
+
+    def call_batch(self, records: list[Record]) -> BaseException | None:
+        """Call a batch handler (with the hooks around it); returns what it raised."""
+        try:
+            if self.plain:
+                self.handler(records)
+            else:
+                for record in records:
+                    self.hook("before_handle", record)
+                self.handler(records)
+                for record in records:
+                    self.hook("after_handle", record)
+        except BaseException as exc:  # SystemExit too: a worker must never die of it
+            return exc
+        return None
 
     def run_batch(self, entries: list[Entry]) -> list[Any]:
         results, records, runnable = self.prepare_batch(entries)
         if records:
-            try:
-                if self.plain:
-                    self.handler(records)
-                else:
-                    for record in records:
-                        self.hook("before_handle", record)
-                    self.handler(records)
-                    for record in records:
-                        self.hook("after_handle", record)
-            except BaseException as exc:  # SystemExit too: a worker must never die of it
-                self.batch_failed(results, records, runnable, exc)
+            error = self.call_batch(records)
+            if error is not None and self.isolates(error, records):
+                forget_frames(error)
+                for i, record in zip(runnable, records, strict=True):
+                    alone = self.call_batch([record])
+                    if alone is not None:
+                        results[i] = alone
+                        self.failed(record, alone)
+            elif error is not None:
+                self.batch_failed(results, records, runnable, error)
         return results
 
 
@@ -249,6 +301,7 @@ class ThreadRunner:
             count = max(1, len(results))  # records joined after its last look did not run
             latency.observe(seconds / count, 1 if self.work.batch else count)
             inbox.put(("done", item.id, results, seconds, count))
+            del item, results  # (the last item's records are not kept while the worker waits)
 
     def submit(self, item: Item) -> None:
         self.items.put(item)
@@ -295,6 +348,7 @@ class AsyncRunner:
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="handler-loop", daemon=True
         )
+        self.threads = [self.thread]
         self.thread.start()
 
     def submit(self, item: Item) -> None:
@@ -366,7 +420,7 @@ class AsyncRunner:
         stopped: set[object] = set()
         failed = False
         for entry in item.entries:
-            if (stopped and work.stopped(entry, stopped)) or entry.part.revoked:
+            if (stopped and work.stopped(entry, stopped)) or not work.may_start(entry):
                 results.append(NOT_STARTED)
                 failed = True
                 continue
@@ -391,15 +445,27 @@ class AsyncRunner:
         work = self.work
         results, records, runnable = work.prepare_batch(entries)
         if records:
-            for record in records:
-                work.hook("before_handle", record)
-            error = await self._call(records)
-            if error is None:
-                for record in records:
-                    work.hook("after_handle", record)
-            else:
+            error = await self._call_batch(records)
+            if error is not None and work.isolates(error, records):
+                forget_frames(error)
+                for i, record in zip(runnable, records, strict=True):
+                    alone = await self._call_batch([record])
+                    if alone is not None:
+                        results[i] = alone
+                        work.failed(record, alone)
+            elif error is not None:
                 work.batch_failed(results, records, runnable, error)
         return results
+
+    async def _call_batch(self, records: list[Record]) -> BaseException | None:
+        work = self.work
+        for record in records:
+            work.hook("before_handle", record)
+        error = await self._call(records)
+        if error is None:
+            for record in records:
+                work.hook("after_handle", record)
+        return error
 
     def close(self, wait: float = 0.0) -> None:
         async def cancel() -> None:
@@ -415,6 +481,19 @@ class AsyncRunner:
 
 
 Runner = ThreadRunner | AsyncRunner
+
+
+def forget_frames(error: BaseException) -> None:
+    """Drop the tracebacks of ``error`` and of the exceptions it chains to."""
+    pending: list[BaseException | None] = [error]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        pending += (current.__cause__, current.__context__)
 
 
 def is_coroutine_handler(handler: Callable[..., Any]) -> bool:

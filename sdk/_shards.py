@@ -115,7 +115,7 @@ class Entry:
         self.payload = payload
         self.not_before = not_before
         self.attempts = 0
-        self.last_error: BaseException | None = None
+        self.last_error: str | None = None  # what its last failed attempt raised ("Type: text")
         self.key: object  # a lane's record: its key (as its shard would have it)
         self.run: list[Entry] | None  # a lane's record while it runs: its item's entries
         self.follower: Shard | None = None  # a lane's running record: its key's shard
