@@ -31,7 +31,6 @@ class Committer:
         self.maps = maps
         self.hook = hook
         self.clock = clock
-        self.committed: dict[TP, int] = {}  # last offsets the broker acknowledged
 
     def commit(self, consumer: Consumer, *, sync: bool, tps: Iterable[TP] | None = None) -> None:
         core, maps = self.core, self.maps
@@ -74,7 +73,7 @@ class Committer:
         done = {(tp.topic, tp.partition): tp.offset for tp in partitions if tp.offset >= 0}
         if not done:
             return
-        self.committed.update(done)
+        self.core.commits_acknowledged(done)
         if self.hook is not None:
             try:
                 self.hook(done)

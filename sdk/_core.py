@@ -13,21 +13,23 @@ a named method. The rules it keeps:
   the user chose (``on_exhausted="skip"``). A terminal failure with nowhere to send it (no
   dead-letter topic) is never done: it holds its shard as STUCK and is reported.
 * **Commits** (``sdk._partition``) never pass a record that is not done.
-* **Memory.** Everything a partition holds counts against the buffer, completed-beyond-head
-  included. Fetching takes records while the buffer in use is below the buffer minus a small
-  reserve; beyond that only single records (from the polls that serve librdkafka's
-  callbacks) enter, and at the full buffer every partition pauses until the engine is back
-  below the reserve. A partition that holds its share and is stalled (nothing it holds can
-  start, or its head has not moved for a while) is paused, and counts as its share only, so
-  it does not starve the others; the records in memory (the incomplete ones: a completed
-  record beyond the head keeps only its offset) stay within the buffer plus one share. While
-  the engine holds a whole buffer, every stalled partition is paused, so the room beyond
-  goes to partitions that flow. While the buffer is used up, a paused stalled partition beyond its
-  share gives back its newest records that have not started (the shell seeks back to them):
-  what stays beyond its share is a record that never completes and the completed ones after
-  it. A flowing one is not paused, because every pause throws away
-  librdkafka's prefetched records and costs a refetch. Every partition also pauses while too
-  many records are parked for retry, and while stopping.
+* **Memory.** The records in memory (the incomplete ones: a completed record beyond its
+  partition's head keeps only its offset) count against the buffer. Fetching takes records
+  while the buffer in use is below the buffer minus a small reserve; beyond that only single
+  records (from the polls that serve librdkafka's callbacks) enter, and at the full buffer
+  every partition pauses until the engine is back below the reserve. A partition whose
+  records in memory reach its share while it is stalled (nothing it holds can start, or none
+  of its records completed for a while) is paused, and counts as its share only, so it does
+  not starve the others; the records in memory stay within the buffer plus one share. While
+  the engine's records in memory fill a whole buffer, every stalled partition is paused, so
+  the room beyond goes to partitions that flow. While the buffer is used up, a paused stalled
+  partition beyond its share gives back its newest records that have not started (the shell
+  seeks back to them). A flowing one is not paused, because every pause throws away
+  librdkafka's prefetched records and costs a refetch; a partition whose head fails again
+  and again while its other records complete flows, until its window of offsets (the
+  completed ones behind that head) reaches ``WINDOW_SHARES`` shares. Every partition also
+  pauses while too many records are parked for retry, and while stopping. Why a partition
+  is paused has one answer: :meth:`PartitionState.pause_reason`.
 * **Revocation** stops a partition's scheduling at once; dropping it removes every trace;
   results that arrive later for its records are ignored.
 """
@@ -63,10 +65,11 @@ def _no_method(message: Any) -> Any:
     raise AssertionError("replaced by the message class's method before use")
 
 
-def _due(message: Any, delay: float) -> float:
-    """When a record may start under a process delay (at once without a timestamp)."""
+def _due(message: Any, delay: float, wall_offset: float) -> float:
+    """When a record may start under a process delay, on the core's clock (``wall_offset``:
+    the wall clock minus the core's; at once without a timestamp)."""
     kind, stamp = message.timestamp()
-    return stamp / 1000 + delay if kind else 0.0
+    return stamp / 1000 + delay - wall_offset if kind else 0.0
 
 
 class Commit(NamedTuple):
@@ -115,7 +118,7 @@ class WorkCore:
         self.process_delay = process_delay
         self.buffer_limit = buffer_limit
         self.reserve = buffer_limit // 16  # room for records that arrive with callbacks
-        self.full = False  # every partition paused until held() is below the reserve again
+        self.full = False  # every partition paused until the buffer in use is below the reserve
         self.map_limit = map_limit
         self.follow_on = 0 if self.unordered else follow_on
         self.paused_all = False  # start nothing (the user's pause, or a stop)
@@ -166,15 +169,19 @@ class WorkCore:
     # ---- records in ---------------------------------------------------------------------
 
     def add_messages(
-        self, messages: list[Any], now: float, with_timestamps: bool = False
+        self, messages: list[Any], now: float, wall_offset: float | None = None
     ) -> list[Any]:
         """Register fetched confluent-kafka messages (anything with ``error()``, ``topic()``,
         ``partition()``, ``offset()``, ``key()`` and ``timestamp()``). Returns the messages
         that carry an error: they are not registered. Messages of unknown or revoked
-        partitions, and offsets already seen, are ignored."""
+        partitions, and offsets already seen, are ignored. ``wall_offset`` (the wall clock
+        minus the clock of ``now``) is given when records wait ``process_delay`` after their
+        timestamps: the core's timers run on a clock that never steps (a monotonic one), and
+        only a record's due time is converted from the wall clock, once."""
         partitions = self.partitions
         sole_topic = self.sole_topic
-        delay = self.process_delay if with_timestamps else 0.0
+        delay = self.process_delay if wall_offset is not None else 0.0
+        offset = wall_offset or 0.0
         # A fetch holds runs of one partition's records: each run is registered in one go.
         runs: list[tuple[PartitionState, list[Any], list[int]]] = []
         in_order: list[bool] = []  # for each run: whether its offsets increase
@@ -216,7 +223,7 @@ class WorkCore:
                 offsets.append(offset)
         for i in range(len(runs)):
             part, run, offsets = runs[i]
-            self._register_run(part, run, offsets, in_order[i], now, delay)
+            self._register_run(part, run, offsets, in_order[i], now, delay, offset)
         return errors
 
     def _register_run(
@@ -227,6 +234,7 @@ class WorkCore:
         in_order: bool,
         now: float,
         delay: float,
+        wall_offset: float,
     ) -> None:
         """Register a run of one partition's fetched records and queue them (``in_order``:
         its offsets increase)."""
@@ -237,7 +245,7 @@ class WorkCore:
             run, offsets, seqs = self._register_one_by_one(part, run, now)
             if not run:
                 return
-        not_before = [_due(message, delay) for message in run] if delay else None
+        not_before = [_due(message, delay, wall_offset) for message in run] if delay else None
         if self.key_ordered:
             self._enqueue_keyed(part, run, offsets, seqs, not_before, now)
         else:
@@ -258,7 +266,7 @@ class WorkCore:
             if offset <= part.highest:
                 continue
             seq = part.register([offset], now)
-            if part.restored and part.was_completed(offset):
+            if part.restored and part.take_restored(offset):
                 part.counts.restored_skips += 1
                 part.complete(seq, now)
                 continue
@@ -596,36 +604,49 @@ class WorkCore:
         return max(1, self.buffer_limit // max(1, len(self.partitions)))
 
     def used(self, now: float) -> int:
-        """The part of the buffer in use: what partitions hold, a stalled partition counted
-        at no more than its share (it is paused there, and what it holds beyond its share
-        must not starve the others: a poison head could hold it for good), but never less
-        than the records in memory minus one share (so they stay within the buffer plus a
-        share). The records in memory are the incomplete ones: of a completed record beyond
-        its partition's lowest incomplete one only the offset is kept."""
+        """The part of the buffer in use: the records in memory, a stalled partition's
+        counted at no more than its share (it is paused there, and what it holds beyond its
+        share must not starve the others), but never less than the records in memory minus
+        one share (so they stay within the buffer plus a share)."""
         share = self.share()
         used = in_memory = 0
         for part in self.partitions.values():
-            held = part.held
-            in_memory += part.incomplete
-            used += share if held > share and part.stalled(now) else held
+            incomplete = part.incomplete
+            in_memory += incomplete
+            used += share if incomplete > share and part.stalled(now) else incomplete
         return max(used, in_memory - share)
+
+    def in_memory(self) -> int:
+        """The records in memory (the incomplete ones, which keep their message)."""
+        return sum(part.incomplete for part in self.partitions.values())
+
+    def pressure(self) -> str | None:
+        """Why every partition must pause now, or None (see :meth:`decide_pauses`)."""
+        if self.fetch_stopped:
+            return "stopping"
+        if self.full:
+            return "buffer full"
+        if len(self.retrying) >= self.max_retrying:
+            return "too many retries"
+        return None
 
     def room(self, now: float) -> int:
         """How many records a fetch may take now (the reserve is kept for callbacks)."""
         return self.buffer_limit - self.reserve - self.used(now)
 
-    def pause_changes(self, now: float) -> tuple[list[TP], list[TP]]:
+    def decide_pauses(self, now: float) -> tuple[list[TP], list[TP]]:
         """Partitions whose fetching librdkafka must be told to pause, and to resume, now
-        (see *Memory* above; :meth:`PartitionState.wanted_fetch` decides for each). A
+        (see *Memory* above; :meth:`PartitionState.pause_reason` decides for each). A
         partition whose state at librdkafka is unknown (just assigned) is always told one or
-        the other."""
+        the other. A state change: whether the buffer is full is decided here, and the time
+        paused partitions spent paused is accounted for."""
         used = self.used(now)
         if used >= self.buffer_limit:
             self.full = True
         elif used < self.buffer_limit - self.reserve:
             self.full = False
-        pressure = self.fetch_stopped or self.full or len(self.retrying) >= self.max_retrying
-        crowded = self.held() >= self.buffer_limit
+        pressure = self.pressure()
+        crowded = self.in_memory() >= self.buffer_limit
         share = self.share()
         pause: list[TP] = []
         resume: list[TP] = []
@@ -634,17 +655,18 @@ class WorkCore:
                 continue
             if part.fetch == PAUSED:
                 part.account_pause(now)
-            wanted = part.wanted_fetch(share, pressure, crowded, now)
-            if wanted != part.fetch:
-                (pause if wanted == PAUSED else resume).append(tp)
+            paused = part.pause_reason(share, pressure, crowded, now) is not None
+            if paused != (part.fetch == PAUSED) or part.fetch == UNKNOWN:
+                (pause if paused else resume).append(tp)
         return pause, resume
 
-    def give_back_plan(self, now: float) -> list[tuple[TP, int]]:
+    def plan_give_back(self, now: float) -> list[tuple[TP, int]]:
         """While the buffer is used up to its reserve: the paused, stalled partitions that
         hold more than their share, and from which offset each gives back its newest records
         that have not started (the shell seeks there first, then :meth:`give_back`). Each
-        partition is looked at no more than once per ``STALL_AFTER``."""
-        if self.held() < self.buffer_limit - self.reserve:
+        partition is looked at no more than once per ``STALL_AFTER`` (a state change: when
+        it was looked at is remembered)."""
+        if self.in_memory() < self.buffer_limit - self.reserve:
             return []
         share = self.share()
         plan = []
@@ -652,7 +674,7 @@ class WorkCore:
             if (
                 part.fetch != PAUSED
                 or part.revoked
-                or part.held <= share
+                or part.incomplete <= share
                 or now - part.given_back_at < STALL_AFTER
                 or not part.stalled(now)
             ):
@@ -736,6 +758,29 @@ class WorkCore:
             if part is not None:
                 part.sent = (commit.offset, commit.metadata)
 
+    def idle_partitions(self) -> list[TP]:
+        """Partitions that hold nothing (whose commit the consumer's position may move)."""
+        return [
+            tp
+            for tp, part in self.partitions.items()
+            if not part.revoked and part.head == len(part.offsets)
+        ]
+
+    def positions(self, found: dict[TP, int]) -> None:
+        """The consumer's positions of partitions, taken between fetches while every record
+        it returned was registered (see :meth:`PartitionState.reached`)."""
+        for tp, position in found.items():
+            part = self.partitions.get(tp)
+            if part is not None and not part.revoked:
+                part.reached(position)
+
+    def commits_acknowledged(self, done: dict[TP, int]) -> None:
+        """The broker acknowledged these commits."""
+        for tp, offset in done.items():
+            part = self.partitions.get(tp)
+            if part is not None:
+                part.committed = offset
+
     def commit_failed(self, tps: Iterable[TP]) -> None:
         """Hand these partitions' offsets out again at the next :meth:`commit_points`."""
         for tp in tps:
@@ -775,4 +820,6 @@ class WorkCore:
         )
         retrying = sum(1 for e in self.retrying if e.part is part)
         stuck = [e for e in self.stuck if e.part is part]
-        return part.view(now, in_flight, retrying, stuck)
+        crowded = self.in_memory() >= self.buffer_limit
+        paused_for = part.pause_reason(self.share(), self.pressure(), crowded, now)
+        return part.view(now, in_flight, retrying, stuck, paused_for)

@@ -110,7 +110,11 @@ class ParallelConsumer(ConsumerLoop):
             sole_topic=sole_topic,
         )
         self.paused_by_user = False
-        self._time: Callable[[], float] = time.time  # the clock (replaceable in tests)
+        # The core's clock never steps (timers, retries, stalls): a wall clock set back would
+        # delay every parked retry by the step. The wall clock only converts record timestamps
+        # (process delay) and dates stats. (All replaceable in tests.)
+        self._time: Callable[[], float] = time.monotonic
+        self._wall: Callable[[], float] = time.time
         self._mono: Callable[[], float] = time.monotonic
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._deferred: deque[tuple[Any, ...]] = deque()  # commands that came during a revoke
@@ -119,6 +123,7 @@ class ParallelConsumer(ConsumerLoop):
         self._dead_letters: DeadLetters | None = None
         self._maps = OffsetMaps("none", self.group)
         self._thread: threading.Thread | None = None
+        self._loop_thread: threading.Thread | None = None  # the consumer's thread, once running
         self._stop: tuple[bool, float, bool] | None = None  # (drain, deadline, drain_buffered)
         self._finished = threading.Event()
         self._started = threading.Event()
@@ -159,6 +164,7 @@ class ParallelConsumer(ConsumerLoop):
         if self._started.is_set():
             raise RuntimeError("this consumer has already run")
         self._started.set()
+        self._loop_thread = threading.current_thread()
         restore = self._stop_on_ctrl_c()
         collector = _collector.raise_threshold(self.options.gc_threshold)
         try:
@@ -211,13 +217,24 @@ class ParallelConsumer(ConsumerLoop):
         With ``drain`` (graceful), fetching stops, records in flight finish (and buffered ones
         too with ``drain_buffered``) until ``timeout`` seconds, what completed is committed and
         the consumer leaves its group. Without it, what completed is committed and the
-        consumer closes at once. With ``wait``, returns when it has stopped.
+        consumer closes at once. With ``wait``, returns when it has stopped. Called from a
+        handler (or a hook), it returns at once: the calling record completes normally and
+        is committed with the rest ("stop after this record").
         """
         self._inbox.put(("stop", drain, self._mono() + timeout, drain_buffered))
-        if wait and self._started.is_set():
+        if wait and self._started.is_set() and not self._called_from_inside():
             self._finished.wait(timeout + self.options.revoke_timeout + 30)
         if self._error is not None and not isinstance(self._error, KeyboardInterrupt):
             raise EngineError(f"the consumer failed: {self._error}") from self._error
+
+    def _called_from_inside(self) -> bool:
+        """Whether the caller is a handler, a hook or a callback of this consumer: it cannot
+        wait for the stop, which waits for the records in flight (its own among them)."""
+        current = threading.current_thread()
+        if current is self._loop_thread:
+            return True
+        runner = self._runner
+        return runner is not None and current in getattr(runner, "threads", ())
 
     def pause(self) -> None:
         """Stop starting records (a circuit breaker); in-flight records finish."""

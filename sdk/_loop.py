@@ -59,6 +59,7 @@ class ConsumerLoop:
     core: WorkCore
     paused_by_user: bool
     _time: Callable[[], float]
+    _wall: Callable[[], float]
     _mono: Callable[[], float]
     _inbox: queue.SimpleQueue[tuple[Any, ...]]
     _deferred: deque[tuple[Any, ...]]
@@ -103,6 +104,8 @@ class ConsumerLoop:
         mono = self._mono()
         if mono - self._commit_at >= self.options.commit_interval:
             self._commit_at = mono
+            if self._stop is None:  # (while stopping, fetched records are not registered)
+                self._note_positions()
             self._committer.commit(self._consumer, sync=False)
         self._apply_pauses()  # after the commit: collecting progress frees room
         if mono - self._give_back_at >= _GIVE_BACK_EVERY:
@@ -110,7 +113,7 @@ class ConsumerLoop:
             self._give_back(now)  # after the pauses: a seek before a pause could be lost
         if mono - self._stats_at >= 0.5:
             self._stats_at = mono
-            self._stats = _stats.snapshot(self, now)
+            self._stats = _stats.snapshot(self, now, self._wall())
             if self._holds is not None:
                 self._holds.log_long(now, self._stats["partitions"])
         return self._wait_time(now)
@@ -180,7 +183,7 @@ class ConsumerLoop:
         consumer = self._consumer
         if consumer is None or self._stop is not None:
             return
-        plan = self.core.give_back_plan(now)
+        plan = self.core.plan_give_back(now)
         for tp, offset in plan:
             try:
                 consumer.seek(TopicPartition(tp[0], tp[1], offset))
@@ -201,6 +204,24 @@ class ConsumerLoop:
         if plan:
             self._apply_pauses()  # the room freed may resume partitions paused while crowded
 
+    def _note_positions(self) -> None:
+        """Tell the core the consumer's position in the partitions that hold nothing: between
+        fetches, every record the consumer returned was registered (or put back with a seek,
+        which leaves no position until it is fetched again), so their commits may pass
+        offsets no record was returned for (transaction markers, aborted records)."""
+        consumer = self._consumer
+        tps = self.core.idle_partitions()
+        if consumer is None or not tps:
+            return
+        try:
+            found = consumer.position([TopicPartition(t, p) for t, p in tps])
+        except KafkaException as exc:
+            log.debug("could not read the consumer's positions: %s", exc)
+            return
+        self.core.positions(
+            {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0 and not tp.error}
+        )
+
     def _put_back(self, consumer: Consumer, message: Message) -> None:
         """Seek back to a record the engine has no room for (it is fetched again later)."""
         if message.error() is not None:
@@ -217,9 +238,8 @@ class ConsumerLoop:
             # A record may join a running item as it is registered: under the newest limits,
             # not those of before a snapshot that lowered them.
             self._apply_watermarks(now)
-        errors = self.core.add_messages(
-            messages, now, with_timestamps=bool(self.options.process_delay)
-        )
+        wall_offset = self._wall() - now if self.options.process_delay else None
+        errors = self.core.add_messages(messages, now, wall_offset)
         for message in errors:
             self._message_error(message.error())
 
@@ -365,13 +385,11 @@ class ConsumerLoop:
 
 
 def _report_stuck(entry: Entry) -> None:
-    error = entry.last_error
     log.error(
-        "%r failed for good (%s: %s) and there is no dead-letter topic: it is held, its "
+        "%r failed for good (%s) and there is no dead-letter topic: it is held, its "
         "shard waits and the commit stays at or below offset %d. Set dead_letter_topic, or "
         "on_exhausted='skip' to drop such records.",
         entry,
-        type(error).__name__,
-        error,
+        entry.last_error,
         entry.offset,
     )

@@ -2,14 +2,21 @@
 
 * **Held** records are every offset registered from the lowest incomplete one on: buffered,
   in flight, parked for retry, stuck, *and* completed beyond the lowest incomplete one (they
-  are remembered until the commit passes them). That count is what the memory bound limits.
+  are remembered until the commit passes them). The **incomplete** ones keep their message:
+  they are what the memory bound limits. Of a completed one only the offset is kept (the
+  *window*), bounded on its own by ``WINDOW_SHARES`` shares.
 * **Completion** is kept as a window: the registered offsets in order, a flag per offset
   saying whether it is done, and the index of the lowest incomplete one (the head). Each
   registered record has a sequence number, its place in that order, so marking it done is
   one flag and the head moves over the flags already set; the done prefix is cut off in
   bulk. Offsets need not be contiguous (compaction and transaction markers leave gaps).
 * The **committable** offset is the lowest incomplete offset, or one past the highest
-  registered offset when none is incomplete - never derived from the fetch position.
+  registered offset when none is incomplete. When it holds nothing, the consumer's position
+  may move it further (:meth:`PartitionState.reached`): offsets no record was returned for
+  (transaction markers, aborted records under ``read_committed``) are never registered, and a
+  topic written in transactions ends with a marker.
+* **Committed** is what the broker has for the group: the offset found at assignment (whoever
+  committed it), then each commit of this member the broker acknowledged.
 * The **offset map** lists the completed offsets beyond it; it is re-encoded only when they
   changed, and while it is near its size limit records beyond its end may not start.
 * **Restored** ranges come from the map found at assignment: offsets completed before a
@@ -19,9 +26,13 @@
   after assignment (librdkafka keeps an application's pause across a re-assignment, so the
   first decision is always sent), then FETCHING or PAUSED.
 * **Stalled**: nothing it holds can start (its lowest incomplete record is at or beyond its
-  release limit) or that record has not changed for ``STALL_AFTER`` seconds. Only a stalled
-  partition is paused for using its share: pausing costs a refetch of everything librdkafka
-  had prefetched (about one ``fetch.wait.max.ms``), which a flowing partition must not pay.
+  release limit) or none of its records has completed for ``STALL_AFTER`` seconds. A
+  partition whose head fails again and again while its other records (other keys, or any in
+  UNORDERED) complete is not stalled: it flows. Only a stalled partition is paused for using
+  its share: pausing costs a refetch of everything librdkafka had prefetched (about one
+  ``fetch.wait.max.ms``), which a flowing partition must not pay.
+* **Why it pauses** has one answer, :meth:`PartitionState.pause_reason`: pressure on the
+  whole engine, a full window, or stalled at its share of the records in memory.
 * **Given back**: a paused stalled partition beyond its share may forget its newest records
   that have not started (the shell seeks back to the first of them), so records that wait
   behind a poison record do not take the room of partitions that flow.
@@ -49,6 +60,11 @@ PAUSED: Final = 2
 
 STALL_AFTER: Final = 1.0
 """Seconds without progress at its head after which a partition counts as stalled."""
+
+WINDOW_SHARES: Final = 16
+"""A partition pauses while its window (its offsets held, completed ones beyond its lowest
+incomplete one included) reaches this many shares of the buffer: completed offsets cost about
+50 bytes each, so a record that never completes cannot make memory grow without bound."""
 
 CUT_AT: Final = 1024
 """The done prefix of the completion window is cut off once it is this long (and at least as
@@ -81,6 +97,7 @@ class PartitionState:
         "base",
         "blocked",
         "blocked_since",
+        "committed",
         "counts",
         "cut_at",
         "dead",
@@ -101,6 +118,7 @@ class PartitionState:
         "map_text",
         "offsets",
         "pause_checked",
+        "progress_at",
         "restored",
         "revoked",
         "sent",
@@ -137,11 +155,13 @@ class PartitionState:
         self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
         self.blocked_since: float | None = None
         self.head_since = now  # when the lowest incomplete offset became the lowest
+        self.progress_at = now  # when one of its records last completed (or it got its first)
         self.map_cap: int | None = None  # records beyond it wait while the map is near full
         self.map_base: int | None = None  # the committable offset ``map_text`` was built for
         self.map_text = ""
         self.map_changes = -1  # ``done_changes`` when ``map_text`` was built
         self.sent: tuple[int | None, str] = (start, "")  # last commit handed out
+        self.committed = start  # what the broker has for the group (see the module's docs)
         self.fetch = UNKNOWN
         self.pause_checked: float | None = None  # while paused: when last accounted for
         self.given_back_at = -STALL_AFTER  # when its newest records were last looked at
@@ -178,15 +198,16 @@ class PartitionState:
         sequence number of the first (the others follow it)."""
         first = self.base + len(self.offsets)
         if self.head == len(self.offsets):
-            self.head_since = now
+            self.head_since = self.progress_at = now
         self.offsets.extend(offsets)
         self.finished.extend([False] * len(offsets))
         self.highest = offsets[-1]
         return first
 
-    def was_completed(self, offset: int) -> bool:
-        """Whether the offset map restored at assignment says ``offset`` was completed
-        (consumes the ranges the fetch has moved past: offsets are fetched in order)."""
+    def take_restored(self, offset: int) -> bool:
+        """Whether the offset map restored at assignment says ``offset`` was completed; a
+        state change: the ranges the fetch has moved past are let go (offsets are fetched in
+        order)."""
         restored = self.restored
         while restored and restored[0][1] <= offset:
             restored.popleft()
@@ -204,6 +225,7 @@ class PartitionState:
     def advance(self, now: float) -> None:
         """Move the head over the records done (after :meth:`finish`); cut off the done
         prefix once it is at least as long as what is held."""
+        self.progress_at = now
         finished = self.finished
         head = start = self.head
         end = len(finished)
@@ -244,6 +266,18 @@ class PartitionState:
             return self.highest + 1
         return self.start
 
+    def reached(self, position: int) -> None:
+        """The consumer's position is ``position`` (the next offset it returns) and every
+        record it returned was registered: when nothing is held, the offsets below it were
+        records processed or offsets no record was returned for (transaction markers,
+        aborted records), so the commit may move to it."""
+        if (
+            self.head == len(self.offsets)
+            and position > self.highest + 1
+            and (self.start is None or position > self.start)
+        ):
+            self.highest = position - 1
+
     def refresh_map(self, limit: int) -> bool:
         """Re-encode the offset map if the completed offsets changed; update the cap.
         Returns whether the cap was lifted (blocked shards may go again)."""
@@ -269,21 +303,21 @@ class PartitionState:
         return self.map_text if self.map_base == offset else ""
 
     def stalled(self, now: float) -> bool:
-        """Nothing it holds can start, or its lowest incomplete record has not changed for
-        ``STALL_AFTER`` seconds."""
+        """Nothing it holds can start, or none of its records has completed for
+        ``STALL_AFTER`` seconds while it holds incomplete ones."""
         head = self.head
         if head == len(self.offsets):
             return False
         limit = self.release_limit()
         if limit is not None and self.offsets[head] >= limit:
             return True
-        return now - self.head_since >= STALL_AFTER
+        return now - self.progress_at >= STALL_AFTER
 
     def unstarted_tail(self, keep: int) -> int | None:
         """The lowest offset of the newest records that have not started (queued in their
         shard, never attempted), leaving at least ``keep`` records held; None if there are
         none. Completed, running, retried and stuck records are never among them."""
-        excess = self.held - keep
+        excess = self.incomplete - keep
         if excess <= 0:
             return None
         unstarted = set()
@@ -304,21 +338,28 @@ class PartitionState:
             excess -= 1
         return lowest
 
-    def wanted_fetch(self, share: int, pressure: bool, crowded: bool, now: float) -> int:
-        """PAUSED under pressure; when stalled, PAUSED at its share of the buffer, or at any
-        size while the engine holds a whole buffer (``crowded``: the room left is for
-        partitions that flow); a paused one resumes at half its share, or below its share
-        once it moves again. A flowing partition is never paused for its share: the engine
-        stops taking records when the buffer is full instead."""
-        if pressure:
-            return PAUSED
-        held = self.held
+    def pause_reason(
+        self, share: int, pressure: str | None, crowded: bool, now: float
+    ) -> str | None:
+        """Why librdkafka must not fetch this partition now, or None: ``pressure`` on the
+        whole engine (a full buffer, too many retries, stopping); its window full (see
+        ``WINDOW_SHARES``: its head does not complete while the rest does); stalled at its
+        share of the records in memory, or at any size while the engine's records in memory
+        fill a whole buffer (``crowded``: the room left is for partitions that flow). A
+        paused one resumes at half its share, or below its share once it moves again. A
+        flowing partition is never paused for its share: the engine stops taking records
+        when the buffer is full instead."""
+        if pressure is not None:
+            return pressure
+        if self.held >= WINDOW_SHARES * share:
+            return "window full"
+        incomplete = self.incomplete
         stalled = self.stalled(now)
-        if stalled and (held >= share or crowded):
-            return PAUSED
-        if self.fetch == PAUSED and held > share // 2 and (held >= share or stalled):
-            return PAUSED
-        return FETCHING
+        if stalled and (incomplete >= share or crowded):
+            return "stalled at its share" if incomplete >= share else "stalled, buffer full"
+        if self.fetch == PAUSED and incomplete > share // 2 and (incomplete >= share or stalled):
+            return "stalled at its share"
+        return None
 
     def account_pause(self, now: float) -> None:
         """While paused: add the time since the last check to ``paused_with_work_s`` unless
@@ -338,23 +379,32 @@ class PartitionState:
 
     # ---- introspection ------------------------------------------------------------------
 
-    def view(self, now: float, in_flight: int, retrying: int, stuck: list[Entry]) -> dict[str, Any]:
+    def view(
+        self,
+        now: float,
+        in_flight: int,
+        retrying: int,
+        stuck: list[Entry],
+        paused_for: str | None,
+    ) -> dict[str, Any]:
         blocking = self.lowest_incomplete()
         return {
             "held": self.held,
             "incomplete": self.incomplete,
             "in_flight": in_flight,
             "retrying": retrying,
-            "stuck": [(e.offset, f"{type(e.last_error).__name__}: {e.last_error}") for e in stuck],
+            "stuck": [(e.offset, e.last_error or "") for e in stuck],
             "buffered": max(0, self.incomplete - in_flight - retrying - len(stuck)),
             "incomplete_beyond_head": self.done_count,
             "committable": self.committable(),
+            "committed": self.committed,
             "blocking_offset": blocking,
             "blocked_for": (now - self.head_since) if blocking is not None else 0.0,
             "limit": self.limit,
             "gate_held": self.gate_held(),
             "held_for": 0.0 if self.blocked_since is None else now - self.blocked_since,
             "paused": self.fetch == PAUSED,
+            "paused_for": paused_for if self.fetch == PAUSED else None,
             "map_full": self.map_cap is not None,
         }
 

@@ -90,7 +90,7 @@ class Rebalancer:
         """Tell librdkafka to pause or resume what the core decided (the core remembers what
         librdkafka was told, and forgets it when telling failed)."""
         now = self.clock()
-        pause, resume = self.core.pause_changes(now)
+        pause, resume = self.core.decide_pauses(now)
         if pause and self._tell(consumer.pause, pause):
             self.core.fetch_changed(pause, (), now)
         if resume and self._tell(consumer.resume, resume):

@@ -20,16 +20,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("sdk")
 
 
-def snapshot(consumer: ParallelConsumer, now: float) -> dict[str, Any]:
+def snapshot(consumer: ParallelConsumer, now: float, wall: float) -> dict[str, Any]:
+    """``now``: the core's clock; ``wall``: the wall clock (the snapshot's date)."""
     core = consumer.core
     partitions = {}
     for tp in core.partitions:
         view = core.partition_view(tp, now)
         if view is not None:
-            view["committed"] = consumer._committer.committed.get(tp)
             partitions[tp] = view
     return {
-        "at": now,
+        "at": wall,
         "in_flight": core.in_flight(),
         "held": core.held(),
         "retrying": len(core.retrying),

@@ -133,3 +133,28 @@ def wait_committed(
         timeout=timeout,
         what=f"commits {expected}",
     )
+
+
+class FedSource:
+    """A watermark source the test feeds."""
+
+    def __init__(self) -> None:
+        from sdk._view import SourceState
+
+        self.state = SourceState("fed")
+        self.view = None
+
+    def start(self, view) -> None:  # type: ignore[no-untyped-def]
+        self.view = view
+
+    def stop(self) -> None:
+        pass
+
+    def explain(self, topic: str, partition: int, offset: int) -> None:
+        return None
+
+    def send(self, version: int, watermarks: dict) -> None:
+        from gate import Snapshot
+
+        assert self.view is not None
+        self.view.offer(Snapshot("g", version, time.time(), watermarks), self.state)

@@ -10,7 +10,10 @@
   on the assignment), and a paused partition returns nothing until resumed, which then
   fetches from the position consumption reached;
 * commits may fail (raised for synchronous ones, reported to ``on_commit`` in a later poll
-  for asynchronous ones); ``committed()`` returns offsets with their metadata.
+  for asynchronous ones); ``committed()`` returns offsets with their metadata;
+* a log may hold control records (transaction markers): never returned, but fetching moves
+  past them; ``position()`` is the offset after what was returned (and the markers after
+  it), and none after a ``seek()`` until the partition is fetched again.
 
 The clock, the inbox (a wait on it moves the clock instead of sleeping), the dead-letter
 producer and the runner (work items wait until the test reports their results) are
@@ -74,6 +77,7 @@ class SimMessage:
     key_: bytes | None
     stamp_ms: int
     headers_: list[tuple[str, bytes]] = field(default_factory=list)
+    control: bool = False  # a transaction marker: in the log, never returned
 
     def topic(self) -> str:
         return self.tp[0]
@@ -114,13 +118,25 @@ class Cluster:
         self.dead_letters: list[SimMessage] = []
         self.fetch_run = 1  # records of one partition handed over in a row by a fetch
 
-    def produce(self, partition: int, keys: Iterable[bytes | None], gap: int = 0) -> None:
+    def produce(
+        self, partition: int, keys: Iterable[bytes | None], gap: int = 0, marker: bool = False
+    ) -> None:
+        """Append records (after ``gap`` offsets no record has), then a transaction marker
+        with ``marker``."""
         tp = (self.topic, partition)
         offset = self.next_offset[tp] + gap  # offsets need not be contiguous
+        stamp = int(self.clock.now * 1000)
         for key in keys:
-            self.logs[tp].append(SimMessage(tp, offset, key, int(self.clock.now * 1000)))
+            self.logs[tp].append(SimMessage(tp, offset, key, stamp))
+            offset += 1
+        if marker:
+            self.logs[tp].append(SimMessage(tp, offset, None, stamp, control=True))
             offset += 1
         self.next_offset[tp] = offset
+
+    def records(self, tp: TP) -> list[SimMessage]:
+        """The records of a partition (its control records left out)."""
+        return [m for m in self.logs[tp] if not m.control]
 
     def end(self, tp: TP) -> int:
         return self.next_offset[tp]
@@ -136,7 +152,8 @@ class SimConsumer:
         self.on_commit: Callable[..., None] | None = config.get("on_commit")
         self.callbacks: dict[str, Callable[..., None]] = {}
         self.assignment: set[TP] = set()
-        self.position: dict[TP, int] = {}
+        self.fetch_position: dict[TP, int] = {}  # where fetching goes on
+        self.app_position: dict[TP, int] = {}  # what position() reports (none after a seek)
         self.paused: set[TP] = set()  # the application's pause: survives re-assignment
         self.events: deque[tuple[str, list[TP]]] = deque()  # rebalances to serve
         self.commit_reports: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
@@ -169,7 +186,8 @@ class SimConsumer:
                 for tp in tps:
                     self.assignment.add(tp)
                     committed = self.cluster.commits.get(tp)
-                    self.position[tp] = committed[0] if committed else 0
+                    self.fetch_position[tp] = committed[0] if committed else 0
+                    self.app_position.pop(tp, None)
             else:
                 self.assignment.difference_update(tps)
         while self.commit_reports:
@@ -188,14 +206,27 @@ class SimConsumer:
             progress = False
             for tp in sorted(self.assignment - self.paused):
                 log = self.cluster.logs[tp]
-                position = self.position[tp]
+                position = self.fetch_position[tp]
                 following = [m for m in log if m.offset_ >= position]
                 room = min(num_messages - len(messages), self.cluster.fetch_run)
-                if following and room > 0:
-                    messages += following[:room]
-                    self.position[tp] = messages[-1].offset_ + 1
-                    progress = True
+                taken = 0
+                for message in following:
+                    if taken >= room:
+                        break
+                    if not message.control:
+                        messages.append(message)
+                        taken += 1
+                    self.fetch_position[tp] = self.app_position[tp] = message.offset_ + 1
+                progress = progress or taken > 0
         return messages
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, self.app_position.get((tp.topic, tp.partition), -1001)
+            )
+            for tp in partitions
+        ]
 
     def poll(self, timeout: float = -1) -> SimMessage | None:
         found = self.consume(1, timeout)
@@ -205,7 +236,8 @@ class SimConsumer:
         tp = (partition.topic, partition.partition)
         if tp not in self.assignment:
             raise _error(KafkaError._STATE, "seek on an unassigned partition")
-        self.position[tp] = partition.offset
+        self.fetch_position[tp] = partition.offset
+        self.app_position.pop(tp, None)
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         self.paused.update((tp.topic, tp.partition) for tp in partitions)
@@ -376,7 +408,7 @@ class SimEngine(ParallelConsumer):
         self.cluster = cluster
         self.producer = producer
         self.maps_kind = maps or ("kafka" if cluster.keeps_metadata else "none")
-        self._time = self._mono = clock.time
+        self._time = self._mono = self._wall = clock.time
         self._inbox = SimInbox(clock)
         policy = SpyPolicy(**vars(self.core.failures))
         policy.skipped = skipped if skipped is not None else set()

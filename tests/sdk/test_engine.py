@@ -21,7 +21,14 @@ from sdk import (
     RetriableError,
     TerminalError,
 )
-from tests.sdk.engine_support import CONSUMER, Recorder, read_all, start_engine, wait_committed
+from tests.sdk.engine_support import (
+    CONSUMER,
+    FedSource,
+    Recorder,
+    read_all,
+    start_engine,
+    wait_committed,
+)
 from tests.support import Kafka, unique, wait_until
 
 
@@ -608,31 +615,6 @@ def test_a_handler_raising_anything_never_kills_a_worker(kafka: Kafka) -> None:
 
 
 # ---- combined conditions ------------------------------------------------------------------
-
-
-class FedSource:
-    """A watermark source the test feeds."""
-
-    def __init__(self) -> None:
-        from sdk._view import SourceState
-
-        self.state = SourceState("fed")
-        self.view = None
-
-    def start(self, view) -> None:  # type: ignore[no-untyped-def]
-        self.view = view
-
-    def stop(self) -> None:
-        pass
-
-    def explain(self, topic: str, partition: int, offset: int) -> None:
-        return None
-
-    def send(self, version: int, watermarks: dict) -> None:
-        from gate import Snapshot
-
-        assert self.view is not None
-        self.view.offer(Snapshot("g", version, time.time(), watermarks), self.state)
 
 
 @pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])

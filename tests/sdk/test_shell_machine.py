@@ -2,14 +2,17 @@
 turns, rebalance callbacks, commits, pauses, dead letters, gating and stopping) driven
 against simulated clients that behave as librdkafka does (see ``simulated.py``).
 
-Hypothesis interleaves records arriving, eager and cooperative rebalances, lost partitions,
-failing commits, gate snapshots (newer, older, lower), handler successes, failures,
-cancellations and hangs, partial progress of long items, workers that finished before a
-record joined their item, the user's pause and resume, time passing, dead-letter outages,
-and stopping and restarting. After every step it checks:
+Hypothesis interleaves records arriving (with gaps and transaction markers), eager and
+cooperative rebalances, lost partitions, partitions committed further by another member
+while away, failing commits, gate snapshots (newer, older, lower: while records wait in
+handed-out items), handler successes, failures, cancellations and hangs, partial progress of
+long items, workers that finished before a record joined their item, a handler stopping the
+consumer, the user's pause and resume, time passing, dead-letter outages, and stopping and
+restarting. After every step it checks:
 
-* no record starts before its dependencies committed past it (its gate released it), when
-  it is handed out or when it joins a running item;
+* no record starts before its dependencies committed past it (its gate released it): when
+  it is handed out, when it joins a running item, and when its worker starts it (a
+  watermark may have gone down since it was handed out);
 * in the ordered modes, no record runs before every earlier record of its partition (or
   key) is done or given up;
 * no commit passes a record that was not done (processed, dead-lettered with an acknowledged
@@ -19,16 +22,20 @@ and stopping and restarting. After every step it checks:
   pause, no pause of a partition that flows);
 * the memory bound holds: fetching stops at the buffer, and only partitions stalled beyond
   their share (counted as their share, so they cannot starve the others) let the records
-  in memory exceed it, by one share at most;
+  in memory exceed it, by one share at most; the offsets kept behind a failing head stay
+  within the window; what the core reports as committed is what the broker has;
 * the loop does not spin: a short wait is always for a record it can start then.
 
-At the end, with the gate open and every handler succeeding, everything not held for good
-(a terminal failure with no dead-letter topic) is processed and committed.
+After every stop, no record of the stopped consumer is kept alive (by a failure it kept, by
+anything that outlives the consumer). At the end, with the gate open and every handler
+succeeding, everything not held for good (a terminal failure with no dead-letter topic) is
+processed and committed, up to the end of each log (past its transaction markers).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from typing import Any
 
@@ -47,9 +54,9 @@ from gate._watermark import Snapshot
 from sdk import Gate, Options, Ordering, RetriableError, TerminalError
 from sdk._core import NOT_STARTED
 from sdk._offsets import read_offset_map
-from sdk._partition import PAUSED
+from sdk._partition import PAUSED, WINDOW_SHARES
 from sdk._runners import Work
-from sdk._shards import Item
+from sdk._shards import Entry, Item
 from tests.sdk.simulated import TP, Clock, Cluster, SimEngine, SimProducer, sim_gate
 
 TOPIC = "t"
@@ -198,7 +205,7 @@ class ShellMachine(RuleBasedStateMachine):
         leaving = {(e.tp, e.offset) for e in self.engine.core.dead_letter_pending}
         waiting = [
             m.offset_
-            for m in self.cluster.logs[entry.tp]
+            for m in self.cluster.records(entry.tp)
             if m.offset_ < entry.offset
             and (not by_key or m.key() == key)
             and (entry.tp, m.offset_) not in self.done
@@ -216,14 +223,14 @@ class ShellMachine(RuleBasedStateMachine):
         self.done |= self.skipped
         history = self.cluster.commit_history
         for tp, offset, metadata in history[self.checked_commits :]:
-            below = [m.offset_ for m in self.cluster.logs[tp] if m.offset_ < offset]
+            below = [m.offset_ for m in self.cluster.records(tp) if m.offset_ < offset]
             missing = [o for o in below if (tp, o) not in self.done]
             assert not missing, f"commit {tp}@{offset} passes records not done: {missing}"
             assert offset <= self.cluster.end(tp), f"commit {tp}@{offset} beyond the log"
             if metadata:
                 _, ranges, _ = read_offset_map(metadata)
                 listed = [o for start, stop in ranges for o in range(start, stop)]
-                logged = {m.offset_ for m in self.cluster.logs[tp]}
+                logged = {m.offset_ for m in self.cluster.records(tp)}
                 wrong = [o for o in listed if o in logged and (tp, o) not in self.done]
                 assert not wrong, f"offset map of {tp}@{offset} lists records not done: {wrong}"
         self.checked_commits = len(history)
@@ -234,9 +241,11 @@ class ShellMachine(RuleBasedStateMachine):
         partition=st.integers(0, PARTITIONS - 1),
         keys=st.lists(st.sampled_from([b"a", b"b", b"c", None]), min_size=1, max_size=8),
         gap=st.sampled_from([0, 0, 0, 2]),
+        marker=st.sampled_from([False, False, True]),
     )
-    def produce(self, partition: int, keys: list[bytes | None], gap: int) -> None:
-        self.cluster.produce(partition, keys, gap)
+    def produce(self, partition: int, keys: list[bytes | None], gap: int, marker: bool) -> None:
+        """Records arrive (after a gap, and closed by a transaction marker)."""
+        self.cluster.produce(partition, keys, gap, marker)
         self.turn()
 
     @precondition(lambda self: self.engine is not None)
@@ -254,7 +263,9 @@ class ShellMachine(RuleBasedStateMachine):
         revoked."""
         running = sorted(self.engine.runner.running.values(), key=lambda i: i.id)
         count = data.draw(st.integers(1, len(running)))
-        for item in data.draw(st.permutations(running))[:count]:
+        # (Indices are drawn, not items: Hypothesis may keep what it draws.)
+        for index in data.draw(st.permutations(range(len(running))))[:count]:
+            item = running[index]
             self.finish(item, data)
         self.turn()
 
@@ -274,9 +285,10 @@ class ShellMachine(RuleBasedStateMachine):
             if ordered and failed_shards and Work.stopped(entry, failed_shards) and not batch:
                 results.append(NOT_STARTED)
                 continue
-            if entry.part.revoked:  # as the runners do: its partition's next owner runs it
+            if not Work.may_start(entry):  # as the runners do: revoked, or a lowered limit
                 results.append(NOT_STARTED)
                 continue
+            self.started(item, [entry])  # the worker starts it now
             self.check_order(entry)
             outcome = batch_outcome or data.draw(outcomes)
             if outcome == "ok":
@@ -293,11 +305,33 @@ class ShellMachine(RuleBasedStateMachine):
         self.engine.runner.report(item, results)
 
     @precondition(lambda self: self.engine is not None and self.engine.runner.running)
+    @rule(data=st.data(), drain=st.booleans())
+    def handler_stops_the_consumer(self, data: st.DataObject, drain: bool) -> None:
+        """A handler calls ``stop()`` ("stop after this record") and returns; the consumer
+        winds down (the record completed: a commit may pass it), and a new one starts."""
+        engine = self.engine
+        running = sorted(engine.runner.running.values(), key=lambda i: i.id)
+        item = running[data.draw(st.integers(0, len(running) - 1))]
+        if self.options.batch_size is not None or item.finished >= len(item.entries):
+            return
+        entry = item.entries[item.finished]
+        if not Work.may_start(entry):
+            return
+        self.started(item, [entry])
+        self.check_order(entry)
+        engine.stop(drain=drain, timeout=1.0)  # from the handler
+        item.finished += 1
+        self.done.add((entry.tp, entry.offset))
+        del engine, running, item, entry  # (what the check after the stop counts)
+        self.wind_down()
+
+    @precondition(lambda self: self.engine is not None and self.engine.runner.running)
     @rule(data=st.data())
     def item_progress(self, data: st.DataObject) -> None:
         """A long item's worker finished its first records (the item keeps running)."""
         runner = self.engine.runner
-        item = data.draw(st.sampled_from(sorted(runner.running.values(), key=lambda i: i.id)))
+        running = sorted(runner.running.values(), key=lambda i: i.id)
+        item = running[data.draw(st.integers(0, len(running) - 1))]
         if self.options.batch_size is not None or item.finished >= len(item.entries) - 1:
             return
         item.finished += 1
@@ -334,6 +368,40 @@ class ShellMachine(RuleBasedStateMachine):
         if kind == "lost":
             sim.rebalance("assign", everything - keep_tps)
             self.turn()
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(partition=st.integers(0, PARTITIONS - 1), further=st.integers(0, 3))
+    def another_member_moves_on(self, partition: int, further: int) -> None:
+        """A partition is revoked; another member of the group processes some of it and
+        commits; the partition comes back. What the consumer reports as committed is then the
+        group's offset, not its own last commit."""
+        engine = self.engine
+        tp = (TOPIC, partition)
+        if tp not in engine.sim.assignment:
+            return
+        engine.sim.rebalance("revoke", [tp])
+        self.turn()
+        if self.engine is None or tp in engine.sim.assignment:
+            return
+        base = self.cluster.commits.get(tp, (0, ""))[0]
+        records = [m.offset_ for m in self.cluster.records(tp) if m.offset_ >= base]
+        if further and records:
+            processed = records[: min(further, len(records))]
+            offset = processed[-1] + 1
+            for done in processed:
+                self.done.add((tp, done))
+            self.cluster.commits[tp] = (offset, "")
+            self.cluster.commit_history.append((tp, offset, ""))
+        engine.sim.rebalance("assign", [tp])
+        self.turn()
+        if self.engine is None:
+            return
+        part = engine.core.partitions.get(tp)
+        if part is not None and not engine.sim.commit_reports:
+            assert part.committed == self.cluster.commits.get(tp, (None, ""))[0], (
+                f"{tp}: the core reports {part.committed} committed, the broker has "
+                f"{self.cluster.commits.get(tp)}"
+            )
 
     @precondition(lambda self: self.engine is not None and not self.engine.sim.assignment)
     @rule()
@@ -399,6 +467,11 @@ class ShellMachine(RuleBasedStateMachine):
         """Stop (gracefully or at once), let the loop wind down, and start a new consumer
         of the same group (restored from its commits and offset maps)."""
         self.engine.stop(drain=drain, timeout=1.0, wait=False)
+        self.wind_down()
+
+    def wind_down(self) -> None:
+        """Let a stopping consumer's loop wind down, check what it left, and start a new
+        consumer of the same group (restored from its commits and offset maps)."""
         for _ in range(200):
             if self.engine is None:
                 break
@@ -406,6 +479,10 @@ class ShellMachine(RuleBasedStateMachine):
             self.turn()
         assert self.engine is None, "the consumer did not stop within its drain timeout"
         self.check_commits()
+        gc.collect()  # (the stopped engine itself is garbage: its callbacks refer to it)
+        mine = {id(m) for log in self.cluster.logs.values() for m in log}
+        left = sum(1 for o in gc.get_objects() if type(o) is Entry and id(o.payload) in mine)
+        assert left == 0, f"{left} records of the stopped consumer are kept alive"
         self.start_engine()
 
     # ---- invariants ---------------------------------------------------------------------
@@ -431,14 +508,15 @@ class ShellMachine(RuleBasedStateMachine):
                 f"{tp}: librdkafka {'pauses' if paused else 'fetches'} it, the core believes "
                 f"{'paused' if part.fetch == PAUSED else 'fetching'}"
             )
-            crowded_out = core.held() >= core.buffer_limit and part.stalled(now)
-            if paused and not pressure and not crowded_out:
-                assert part.held > share // 2, (
-                    f"{tp} is paused with room in its share ({part.held} of {share})"
+            crowded_out = core.in_memory() >= core.buffer_limit and part.stalled(now)
+            window_full = part.held >= WINDOW_SHARES * share
+            if paused and not pressure and not crowded_out and not window_full:
+                assert part.incomplete > share // 2, (
+                    f"{tp} is paused with room in its share ({part.incomplete} of {share})"
                 )
-                assert part.held >= share or part.stalled(now), (
-                    f"{tp} is paused while it flows ({part.held} of {share}): a pause costs "
-                    "a refetch of everything librdkafka had prefetched"
+                assert part.incomplete >= share or part.stalled(now), (
+                    f"{tp} is paused while it flows ({part.incomplete} of {share}): a pause "
+                    "costs a refetch of everything librdkafka had prefetched"
                 )
 
     @invariant()
@@ -450,10 +528,11 @@ class ShellMachine(RuleBasedStateMachine):
         # Fetching stops at the buffer; a partition stalled beyond its share counts as its
         # share (so it cannot starve the others), which may let the records in memory (the
         # incomplete ones) exceed the buffer by one share, never more. A partition's
-        # completed records beyond its head keep only their offsets: what one partition
-        # holds stays within the same bound, but stalled partitions together may hold more.
-        # (A share is the buffer over the assigned partitions: the largest one seen counts,
-        # since records fetched under it stay after a rebalance shrinks it.)
+        # completed records beyond its head keep only their offsets, within its window (a
+        # partition pauses when its window reaches WINDOW_SHARES shares; what it had
+        # fetched by then may still complete). (A share is the buffer over the assigned
+        # partitions: the largest one seen counts, since records fetched under it stay after
+        # a rebalance shrinks it.)
         limit = core.buffer_limit
         self.largest_share = max(getattr(self, "largest_share", 0), core.share())
         bound = limit + self.largest_share
@@ -462,15 +541,18 @@ class ShellMachine(RuleBasedStateMachine):
             f"{in_memory} records in memory with a buffer of {limit} and shares of "
             f"{self.largest_share}"
         )
+        window = WINDOW_SHARES * self.largest_share + bound
         for tp, part in core.partitions.items():
-            assert part.held <= bound, f"{tp} holds {part.held}, beyond {bound}"
+            assert part.incomplete <= bound, f"{tp} holds {part.incomplete}, beyond {bound}"
+            assert part.held <= window, f"{tp}'s window holds {part.held}, beyond {window}"
             assert set(part.completed_beyond_head()) <= set(part.held_offsets()), (
                 "a completed offset outside the held ones"
             )
 
     def teardown(self) -> None:
         """Liveness: with the gate open, handlers succeeding, the dead-letter topic up and
-        the consumer resumed, everything not held for good is processed and committed."""
+        the consumer resumed, everything not held for good is processed and committed, up to
+        the end of each log (past a final transaction marker too)."""
         engine = getattr(self, "engine", None)
         if engine is None:
             return
@@ -502,11 +584,8 @@ class ShellMachine(RuleBasedStateMachine):
                 assert self.cluster.commits.get(tp, (0, ""))[0] <= stuck
                 continue
             end = self.cluster.end(tp)
-            logged = [m.offset_ for m in self.cluster.logs[tp]]
             committed = self.cluster.commits.get(tp, (0, ""))[0]
-            assert not logged or committed >= max(logged) + 1 or committed == end, (
-                f"{tp} stalled: committed {committed}, log ends at {end}"
-            )
+            assert committed == end, f"{tp} stalled: committed {committed}, log ends at {end}"
         engine.stop(drain=False, wait=False)
         for _ in range(20):
             if self.engine is None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import queue
+import time
 from typing import Any
 
 import pytest
 
-from sdk import Options, Ordering, RetriableError, TerminalError
+from sdk import Options, Ordering, ParallelConsumer, RetriableError, TerminalError
 from sdk._core import NOT_STARTED
 from sdk._failures import DecodeError
 from sdk._offsets import _varints
@@ -228,27 +229,37 @@ def test_a_cancelled_record_in_the_shell_is_retried_and_its_commit_moves_on() ->
 # ---- 4: completed offsets behind a poison head are bounded --------------------------------
 
 
-def test_a_poison_head_with_other_keys_completing_keeps_memory_within_the_buffer() -> None:
+@pytest.mark.parametrize("error", [RetriableError("no"), TerminalError("never")])
+def test_a_poison_head_holds_back_its_own_key_only_within_the_buffer_and_the_window(
+    error: Exception,
+) -> None:
+    """A partition's first record fails on every attempt (or for good, with no dead-letter
+    topic: held) while its other keys succeed. Those keep flowing, far beyond the buffer: the
+    partition is not stalled while its records complete, and the completed ones behind the
+    failing head keep only their offsets. Records in memory stay within the buffer; the
+    offsets completed behind the head are bounded by the window (``WINDOW_SHARES`` shares),
+    where the partition pauses, saying why."""
+    from sdk._partition import WINDOW_SHARES
+
     shell = Shell(Options(ordering=Ordering.KEY, max_buffered=50, commit_interval=0.01))
-    shell.cluster.produce(0, [b"poison"] + [b"k%d" % i for i in range(1000)])
+    others = WINDOW_SHARES * 50 + 200
+    shell.cluster.produce(0, [b"poison"] + [b"k%d" % (i % 40) for i in range(others)])
     encodes = _count_encodes()
-    for _ in range(200):
+    for _ in range(1000):
         for item in shell.running():
             shell.finish(
-                item,
-                [
-                    RetriableError("no") if e.payload.key() == b"poison" else None
-                    for e in item.entries
-                ],
+                item, [error if e.payload.key() == b"poison" else None for e in item.entries]
             )
         shell.turn(seconds=0.02)
-        assert shell.engine.core.held() <= 50
+        assert shell.engine.core.in_memory() <= 50
     part = shell.engine.core.partitions[TP0]
-    assert part.held == 50 and len(part.completed_beyond_head()) == 49, (
-        "completed-beyond-head counts as held"
-    )
-    assert TP0 in shell.sim.paused, "at the bound the partition takes no new records"
-    assert shell.committed() == 0
+    done = len(part.completed_beyond_head())
+    assert done >= WINDOW_SHARES * 50 - 1, f"other keys stopped after {done} records"
+    assert part.held <= WINDOW_SHARES * 50 + 50, "the window grew past its bound"
+    assert TP0 in shell.sim.paused, "at the window's bound the partition takes no new records"
+    stats = shell.engine.core.partition_view(TP0, shell.clock.now)
+    assert stats is not None and stats["paused_for"] == "window full"
+    assert shell.committed() in (None, 0)
     # The map is encoded only when the completed offsets change, not every commit interval.
     assert encodes() < 60
 
@@ -435,7 +446,7 @@ def test_flowing_partitions_are_not_paused_when_the_buffer_fills(partitions: int
         for item in shell.running():
             shell.finish(item)
         shell.turn(seconds=0.005)
-        assert shell.engine.core.held() <= 64
+        assert shell.engine.core.in_memory() <= 64
         assert not shell.sim.paused, "a flowing partition was paused"
     assert [shell.committed(p) for p in range(partitions)] == [
         1000 - 300 * p for p in range(partitions)
@@ -612,3 +623,25 @@ def test_a_worker_does_not_start_records_of_a_partition_revoked_after_they_were_
     assert ran == [0, 2]
     assert results == [None, NOT_STARTED, None]
     assert item.finished == (0 if mode == "batch" else 1)  # (a batch reports at its end)
+
+
+def test_a_wall_clock_set_back_does_not_delay_parked_retries() -> None:
+    """The core's timers run on a clock that never steps: the engine reads a monotonic clock
+    for them, and the wall clock only dates records (process delay) and stats. A wall clock
+    set back by an hour leaves a retry due after its 0.5 s."""
+    consumer = ParallelConsumer(
+        {"group.id": "g", "bootstrap.servers": "unused:9092"}, ["t"], lambda r: None, registry=None
+    )
+    assert consumer._time is time.monotonic and consumer._wall is time.time
+    shell = Shell(Options(ordering=Ordering.PARTITION, retry_delay=lambda a, e: 0.5))
+    wall = [shell.clock.now]
+    shell.engine._wall = lambda: wall[0]
+    shell.cluster.produce(0, [b"a"])
+    shell.turn(2)
+    shell.fail(shell.running()[0], RetriableError("again"), {0})
+    shell.turn()
+    wall[0] -= 3600  # the wall clock is set back
+    shell.turn(times=12, seconds=0.05)
+    assert [e.attempts for item in shell.running() for e in item.entries] == [1], (
+        "the retry was not due after its delay"
+    )
