@@ -188,9 +188,19 @@ class _StateCollector(Collector):
         yield from (partition_status, group_status, missing, held, version, age)
         yield from (waiting, waiting_seconds, stuck, unprocessed)
 
+        failing = GaugeMetricFamily(
+            "gate_read_failing",
+            "1 while the last poll could not refresh the gate (its dependency groups' offsets "
+            "or its topics' partitions could not be read): it serves its last snapshot.",
+            labels=["gate"],
+        )
+        for name in service.store.gates:
+            failing.add_metric([name], int(name in service.failing))
+        yield failing
+
         last_ok = GaugeMetricFamily(
             "gate_last_successful_poll_age_seconds",
-            "Seconds since the last poll that produced snapshots (absent before the first).",
+            "Seconds since the last poll the cluster answered (absent before the first).",
         )
         if service.last_success is not None:
             last_ok.add_metric([], now - service.last_success)

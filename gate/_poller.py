@@ -62,6 +62,7 @@ class OffsetPoller:
         self._requests_for: dict[str, int] | None = None
         self._rebuild_after = 3 * request_timeout if rebuild_after is None else rebuild_after
         self._groups_failing_since: float | None = None
+        self._answered = False  # whether the last read the cluster was asked was answered
         self.rebuilds = 0
 
     def _new_admin(self) -> AdminClient:
@@ -120,12 +121,16 @@ class OffsetPoller:
         started_at = time.time()
         errors: list[str] = []
         failed_topics: set[str] = set()
+        asked = answered = False
         if time.monotonic() - self._metadata_at >= self._metadata_interval:
+            asked = True
             metadata_errors = self.refresh_metadata()
             if metadata_errors:
                 errors.extend(metadata_errors)
                 if not self._partition_counts:
                     failed_topics.update(self._topics)
+            else:
+                answered = True
         counts = self._partition_counts
         if counts != self._requests_for:
             self._build_requests(counts)
@@ -133,6 +138,7 @@ class OffsetPoller:
         group_futures: dict[str, Future] = {}
         failed_groups: set[str] = set()
         for group, request in self._requests.items():
+            asked = True
             try:
                 futures = self._admin.list_consumer_group_offsets(
                     request, request_timeout=self._timeout
@@ -145,6 +151,7 @@ class OffsetPoller:
 
         end_futures: dict[TopicPartition, Future] = {}
         if self._end_request:
+            asked = True
             try:
                 end_futures = self._admin.list_offsets(
                     self._end_request, request_timeout=self._timeout
@@ -167,6 +174,7 @@ class OffsetPoller:
                 if tp.error is None and tp.offset >= 0:
                     offsets[(tp.topic, tp.partition)] = tp.offset
             committed[group] = offsets
+            answered = True
 
         end_offsets: dict[Partition, int] = {}
         end_error: str | None = None
@@ -177,6 +185,9 @@ class OffsetPoller:
                 end_error = end_error or f"end offsets: {describe_kafka_error(exc)}"
         if end_error:
             errors.append(end_error)
+        answered = answered or bool(end_offsets)
+        if asked:
+            self._answered = answered
 
         self._admin.poll(0)  # delivers librdkafka's log lines to the Python logger
         rebuilt = self._note_group_reads(failed_groups, time.monotonic())
@@ -192,6 +203,7 @@ class OffsetPoller:
             failed_groups=frozenset(failed_groups),
             failed_topics=frozenset(failed_topics),
             errors=tuple(errors),
+            answered=self._answered,
         )
 
 
@@ -299,6 +311,7 @@ class IsolatedPoller:
             failed_groups=self._groups,
             failed_topics=frozenset(self._topics),
             errors=(f"admin client: its process ended ({reason}); restarted",),
+            answered=False,
         )
 
     @property

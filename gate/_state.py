@@ -58,6 +58,9 @@ class PollResult:
     failed_topics: frozenset[str] = frozenset()
     """Topics whose metadata could not be read in this poll."""
     errors: tuple[str, ...] = ()
+    answered: bool = True
+    """Whether the cluster answered any of this poll's reads (metadata, end offsets or a
+    group's offsets); a poll that asked nothing carries the previous poll's answer."""
 
     @property
     def duration(self) -> float:
