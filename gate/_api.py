@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gate._limits import RequestLimits
 from gate._report import GateHistoryBody, GateStatus, GateSummary, gate_status, gate_summary
-from gate._service import GateService
+from gate._service import GateService, present
 from gate._state import GateState
 from gate._watermark import format_time
 
@@ -446,7 +446,7 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                 404, "not_found", f"gate {gate!r} has no snapshot yet (first poll pending)"
             )
         body = state.snapshot.to_json()
-        body["age_s"] = round(state.snapshot.age(time.time()), 3)
+        body["age_s"] = round(state.snapshot.age(present(state)), 3)
         return JSONResponse(body)
 
     @app.get(
@@ -482,12 +482,13 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         summary="Service status and every gate's summary",
     )
     async def status_all() -> Response:
-        now = time.time()
         gates = {}
         for name in service.config.gates:
             state = service.store.latest(name)
             errors = service.failing.get(name, ())
-            gates[name] = gate_summary(state, now, service.stale_after, errors) if state else None
+            gates[name] = (
+                gate_summary(state, present(state), service.stale_after, errors) if state else None
+            )
         poll = service.last_poll
         ok, detail = service.readiness()
         return JSONResponse(
@@ -521,11 +522,9 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         partitions they hold back), and per partition: end offset, watermark, records
         waiting and for how long, the groups holding it, the dependent's own offset, and per
         dependency group its committed offset, lag and status."""
-        return JSONResponse(
-            gate_status(
-                _latest(gate), time.time(), service.stale_after, service.failing.get(gate, ())
-            )
-        )
+        state = _latest(gate)
+        errors = service.failing.get(gate, ())
+        return JSONResponse(gate_status(state, present(state), service.stale_after, errors))
 
     @app.get(
         "/status/{gate}/history",
@@ -578,7 +577,7 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                 id=str(version),
                 raw_data=json.dumps(
                     gate_status(
-                        state, time.time(), service.stale_after, service.failing.get(gate, ())
+                        state, present(state), service.stale_after, service.failing.get(gate, ())
                     ),
                     separators=(",", ":"),
                 ),

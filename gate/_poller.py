@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import pickle
 import select
@@ -118,7 +119,7 @@ class OffsetPoller:
         self._requests_for = dict(counts)
 
     def poll(self) -> PollResult:
-        started_at = time.time()
+        started_at, started = time.time(), time.monotonic()
         errors: list[str] = []
         failed_topics: set[str] = set()
         asked = answered = False
@@ -204,6 +205,7 @@ class OffsetPoller:
             failed_topics=frozenset(failed_topics),
             errors=tuple(errors),
             answered=self._answered,
+            monotonic=started,
         )
 
 
@@ -269,26 +271,28 @@ class IsolatedPoller:
         write_frame(self._process.stdin, self._args)
 
     def poll(self) -> PollResult:
-        started_at = time.time()
+        started_at, started = time.time(), time.monotonic()
         if self._process is None and not self._closing:
             self._start()
         process = self._process
         if process is None:
-            return self._crashed(started_at, EOFError("closed"))
+            return self._crashed(started_at, started, EOFError("closed"))
         assert process.stdin is not None and process.stdout is not None
         try:
+            # The child's poll starts now: its monotonic clock is its own, this one counts.
+            started = time.monotonic()
             write_frame(process.stdin, "poll")
             ready, _, _ = select.select([process.stdout], [], [], self._wait)
             if not ready:
                 raise TimeoutError(f"no answer in {self._wait:.0f}s")
             result = read_frame(process.stdout)
         except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
-            return self._crashed(started_at, exc)
+            return self._crashed(started_at, started, exc)
         if isinstance(result, BaseException):
             raise result
-        return result  # type: ignore[no-any-return]
+        return dataclasses.replace(result, monotonic=started)
 
-    def _crashed(self, started_at: float, exc: BaseException) -> PollResult:
+    def _crashed(self, started_at: float, started: float, exc: BaseException) -> PollResult:
         process = self._process
         code = process.poll() if process is not None else None
         reason = f"exit code {code}" if code is not None else type(exc).__name__
@@ -312,6 +316,7 @@ class IsolatedPoller:
             failed_topics=frozenset(self._topics),
             errors=(f"admin client: its process ended ({reason}); restarted",),
             answered=False,
+            monotonic=started,
         )
 
     @property

@@ -65,8 +65,9 @@ class GateService:
         )
         self._admin = admin
         self.poller: OffsetPoller | IsolatedPoller | None = None
-        self.last_success: float | None = None
-        """When the last poll cycle the cluster answered started (None: none yet)."""
+        self.answered_at: float | None = None
+        """When the last poll cycle the cluster answered started, on the monotonic clock
+        (None: none yet)."""
         self.last_poll: PollResult | None = None
         self.failing: dict[str, tuple[str, ...]] = {}
         """The gates the last poll cycle could not refresh, with what kept it from it."""
@@ -188,7 +189,7 @@ class GateService:
         self.failing = failing
         self._report_errors(poll, list(failing))
         if poll.answered:
-            self.last_success = poll.started_at
+            self.answered_at = time.monotonic() if poll.monotonic is None else poll.monotonic
         return states
 
     def _record_events(self, state: GateState) -> None:
@@ -284,13 +285,14 @@ class GateService:
         """Whether the service can serve, with a reason: it has completed a poll cycle the
         cluster answered, and the cluster answered within ``stale_after``. One gate that
         cannot read its dependencies (or has no topic, or fails to evaluate) leaves the
-        service ready: that shows in the gate's own answers, status and metrics."""
-        now = time.time() if now is None else now
-        if self.last_success is None:
+        service ready: that shows in the gate's own answers, status and metrics. ``now`` is
+        on the monotonic clock."""
+        now = time.monotonic() if now is None else now
+        if self.answered_at is None:
             if self.last_poll is None:
                 return False, "no poll cycle completed yet"
             return False, "the cluster has not answered a poll yet"
-        age = now - self.last_success
+        age = max(0.0, now - self.answered_at)
         limit = self.stale_after
         if age > limit:
             return False, f"the cluster has not answered for {age:.1f}s (limit {limit:.1f}s)"
@@ -316,3 +318,9 @@ def read_errors(poll: PollResult, spec: GateSpec) -> tuple[str, ...]:
         prefixes += ("metadata:",)
     own = tuple(error for error in poll.errors if error.startswith(prefixes))
     return own or poll.errors or ("its dependencies could not be read",)
+
+
+def present(state: GateState) -> float:
+    """Now, on the wall clock of ``state``'s poll: ages computed from it are the time that
+    passed since, even when the system clock has been stepped meanwhile."""
+    return state.now(time.monotonic(), time.time())

@@ -232,7 +232,12 @@ class GateEvaluator:
         return resets
 
     def observe(self, poll: PollResult) -> GateState:
-        now = poll.started_at
+        # Durations (stall, rewind and lag windows, lag in seconds) are measured on the
+        # monotonic clock: a wall clock stepped back or forward moves none of them. Times
+        # handed out are on the poll's wall clock (``shift`` from one to the other).
+        now = poll.started_at if poll.monotonic is None else poll.monotonic
+        wall = poll.started_at
+        shift = wall - now
         policy = self.policy
         partitions: list[Partition] = []
         missing_topics: list[str] = []
@@ -300,7 +305,7 @@ class GateEvaluator:
                 else:
                     status = OK
                 positions[tp][group] = GroupPosition(
-                    committed, lag, status, track.moved_at, seconds, exact
+                    committed, lag, status, track.moved_at + shift, seconds, exact
                 )
                 if keep_highest and (end is None or track.highest <= end):
                     group_effective[tp] = track.highest
@@ -344,7 +349,7 @@ class GateEvaluator:
                 watermark,
                 holding,
                 positions[tp],
-                mark[1],
+                mark[1] + shift,
                 waiting_seconds,
                 dependent.get(tp),
             )
@@ -352,8 +357,8 @@ class GateEvaluator:
         previous = self._last
         snapshot = Snapshot(
             gate=self.gate,
-            version=self.next_version(now),
-            polled_at=now,
+            version=self.next_version(wall),
+            polled_at=wall,
             watermarks=watermarks,
         )
         state = GateState(
@@ -366,8 +371,9 @@ class GateEvaluator:
             lost=tuple(lost),
             resets=tuple(resets),
             poll_duration=poll.duration,
-            verdict=judge(states.values(), now, stall_after),
+            verdict=judge(states.values(), wall, stall_after),
             dependent=self.dependent,
+            monotonic=poll.monotonic,
         )
         self._last = state
         return state

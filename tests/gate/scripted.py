@@ -83,12 +83,15 @@ class ScriptedAdmin:
 
 class Clocks:
     """The wall clock (``time.time``) and the monotonic clock (``time.monotonic``) as the
-    gate reads them: the real ones plus offsets the test moves. ``advance`` moves both, as
-    time passing does; ``step_wall`` moves the wall clock alone, as an operator or NTP
-    stepping the system clock does."""
+    gate reads them, moved by the test alone: ``advance`` moves both, as time passing does;
+    ``step_wall`` moves the wall clock alone, as an operator or NTP stepping the system clock
+    does. With ``follow_real`` they also follow the real clocks (for code that sleeps)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self._wall, self._monotonic = time.time, time.monotonic
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, follow_real: bool = False) -> None:
+        real_wall, real_monotonic = time.time, time.monotonic
+        start_wall, start_monotonic = real_wall(), real_monotonic()
+        self._wall = real_wall if follow_real else lambda: start_wall
+        self._monotonic = real_monotonic if follow_real else lambda: start_monotonic
         self.wall_offset = 0.0
         self.monotonic_offset = 0.0
         monkeypatch.setattr(time, "time", self.time)

@@ -10,10 +10,10 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from fastapi.testclient import TestClient
 
-from gate import GateService
+from gate import GateService, StatusPolicy
 from gate._api import ServiceStatus, create_app
 from tests.gate.scripted import Clocks, ScriptedAdmin
-from tests.support import gate_config
+from tests.support import gate_config, wait_until
 
 LIMIT = 1.0
 """The readiness limit these tests configure (``readiness_max_age_ms``), in seconds."""
@@ -170,3 +170,62 @@ def test_the_service_is_ready_only_while_the_cluster_answers(served: Served) -> 
     served.admin.down = False
     served.cycle()
     assert served.get("/readyz").status_code == 200
+
+
+HOUR = 3600.0
+
+
+@pytest.mark.parametrize("step", [-HOUR, HOUR], ids=["wall clock stepped back", "forward"])
+def test_durations_do_not_follow_a_stepped_wall_clock(
+    monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    """CG-B has records waiting and stops committing; the wall clock is stepped by an hour.
+    It is STALLED (and the gate stuck) once stall_after has passed, not an hour early or
+    late, and every age the gate reports is the time that passed."""
+    served = Served(Clocks(monkeypatch))
+    served.service.evaluators["a"].policy = StatusPolicy(stall_after=2.0)
+    with served.client:
+        served.cycle()
+        served.clocks.step_wall(step)
+        served.cycle(15)  # 1.5 s since CG-B was first seen: not yet
+        a = served.get("/status/a").json()
+        assert a["groups"]["CG-B"]["status"] == "OK" and a["verdict"]["state"] == "flowing"
+        served.cycle(10)  # 2.5 s
+        a = served.get("/status/a").json()
+        assert a["groups"]["CG-B"]["status"] == "STALLED"
+        assert a["verdict"]["state"] == "stuck"
+        assert a["groups"]["CG-B"]["unmoved_s"] == pytest.approx(2.5)
+        assert a["verdict"]["stuck_for_s"] == pytest.approx(2.5)
+        assert a["age_s"] == 0.0
+        age = served.metric("gate_dependency_commit_age_seconds", **CG_B_P0)
+        assert age == pytest.approx(2.5)
+        assert served.metric("gate_last_successful_poll_age_seconds") == 0.0
+
+
+CG_B_P0 = {"gate": "a", "group": "CG-B", "topic": "payments", "partition": "0"}
+
+
+def test_a_wall_clock_stepped_back_does_not_keep_a_lost_cluster_ready(served: Served) -> None:
+    served.cycle()
+    served.clocks.step_wall(-HOUR)
+    served.admin.down = True
+    served.cycle(15)  # 1.5 readiness limits without an answer
+    probe = served.get("/readyz")
+    assert probe.status_code == 503, probe.json()
+    a = served.get("/status/a").json()
+    assert a["verdict"]["state"] == "unknown" and a["age_s"] == pytest.approx(1.5)
+    assert served.metric("gate_last_successful_poll_age_seconds") == pytest.approx(1.5)
+
+
+def test_a_wall_clock_stepped_back_does_not_stall_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's own poll loop keeps its pace when the wall clock goes back an hour."""
+    served = Served(Clocks(monkeypatch, follow_real=True))
+    app = create_app(served.service)  # starts and stops the poll loop
+    with TestClient(app) as client:
+        wait_until(lambda: served.admin.group_reads > 0, what="a first poll")
+        served.clocks.step_wall(-HOUR)
+        reads = served.admin.group_reads
+        wait_until(lambda: served.admin.group_reads > reads + 20, what="polls after the step")
+        assert client.get("/readyz").status_code == 200
+        history = client.get("/status/a/history").json()["points"]
+        assert [p["t"] for p in history] == sorted(p["t"] for p in history)
