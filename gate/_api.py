@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gate._limits import RequestLimits
 from gate._report import GateHistoryBody, GateStatus, GateSummary, gate_status, gate_summary
-from gate._service import GateService
+from gate._service import GateService, present
 from gate._state import GateState
 from gate._watermark import format_time
 
@@ -156,7 +156,12 @@ class ServiceStatus(BaseModel):
     last_poll: LastPoll | None
     redis: RedisHealth | None
     gates: dict[str, GateSummary | None] = Field(
-        description="Each gate's summary (null until its first poll)."
+        description="Each gate's summary (null until its first successful poll)."
+    )
+    failing: dict[str, list[str]] = Field(
+        description="The gates the last poll did not refresh, each with why (e.g. its "
+        "dependency groups' offsets could not be read). They serve their last snapshot, "
+        "if any; the service stays ready."
     )
 
 
@@ -309,8 +314,13 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
             "version": None,
             "polled_at": None,
         }
+        failing = service.failing.get(gate)
         if state is None:
-            body["reason"] = "the gate has not completed its first poll yet"
+            body["reason"] = (
+                f"the gate has no snapshot yet: {'; '.join(failing)}"
+                if failing
+                else "the gate has not completed its first poll yet"
+            )
             return NOT_READY, body, None
         body["version"] = state.version
         body["polled_at"] = format_time(state.snapshot.polled_at)
@@ -336,6 +346,10 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
             )
         else:
             body["reason"] = "waiting for dependency groups to commit past this offset"
+        if failing:
+            body["reason"] += (
+                f" (the snapshot of {body['polled_at']} is the last good one: {'; '.join(failing)})"
+            )
         body["behind"] = part.behind(offset)
         return NOT_READY, body, state
 
@@ -432,7 +446,7 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                 404, "not_found", f"gate {gate!r} has no snapshot yet (first poll pending)"
             )
         body = state.snapshot.to_json()
-        body["age_s"] = round(state.snapshot.age(time.time()), 3)
+        body["age_s"] = round(state.snapshot.age(present(state)), 3)
         return JSONResponse(body)
 
     @app.get(
@@ -468,11 +482,13 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         summary="Service status and every gate's summary",
     )
     async def status_all() -> Response:
-        now = time.time()
         gates = {}
         for name in service.config.gates:
             state = service.store.latest(name)
-            gates[name] = gate_summary(state, now, service.stale_after) if state else None
+            errors = service.failing.get(name, ())
+            gates[name] = (
+                gate_summary(state, present(state), service.stale_after, errors) if state else None
+            )
         poll = service.last_poll
         ok, detail = service.readiness()
         return JSONResponse(
@@ -491,6 +507,7 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                 if service.redis is None
                 else {"healthy": service.redis.healthy, "error": service.redis.last_error},
                 "gates": gates,
+                "failing": {name: list(errors) for name, errors in service.failing.items()},
             }
         )
 
@@ -505,7 +522,9 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         partitions they hold back), and per partition: end offset, watermark, records
         waiting and for how long, the groups holding it, the dependent's own offset, and per
         dependency group its committed offset, lag and status."""
-        return JSONResponse(gate_status(_latest(gate), time.time(), service.stale_after))
+        state = _latest(gate)
+        errors = service.failing.get(gate, ())
+        return JSONResponse(gate_status(state, present(state), service.stale_after, errors))
 
     @app.get(
         "/status/{gate}/history",
@@ -524,9 +543,9 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
     def _latest(gate: str) -> GateState:
         state, _ = gate_state(gate)
         if state is None:
-            raise ApiError(
-                404, "not_found", f"gate {gate!r} has no snapshot yet (first poll pending)"
-            )
+            failing = service.failing.get(gate)
+            why = "; ".join(failing) if failing else "first poll pending"
+            raise ApiError(404, "not_found", f"gate {gate!r} has no snapshot yet ({why})")
         return state
 
     @app.get(
@@ -557,22 +576,34 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                 event="status",
                 id=str(version),
                 raw_data=json.dumps(
-                    gate_status(state, time.time(), service.stale_after), separators=(",", ":")
+                    gate_status(
+                        state, present(state), service.stale_after, service.failing.get(gate, ())
+                    ),
+                    separators=(",", ":"),
                 ),
             )
             await asyncio.sleep(interval)
 
     @app.get("/healthz", response_model=Liveness, summary="Liveness: the process answers")
     async def healthz() -> Liveness:
+        """200 while the process answers HTTP: restarting it would not help otherwise."""
         return Liveness(ok=True, detail="alive")
 
     @app.get(
         "/readyz",
         response_model=Probe,
-        responses={503: {"model": Probe, "description": "No recent successful poll."}},
-        summary="Readiness: a poll succeeded recently",
+        responses={
+            503: {
+                "model": Probe,
+                "description": "No poll cycle the cluster answered yet, or none recently.",
+            }
+        },
+        summary="Readiness: the service can serve (the cluster answered a poll recently)",
     )
     async def readyz() -> Response:
+        """200 once a poll cycle completed with the cluster answering, as long as it answered
+        within ``readiness_max_age_ms``. One gate whose reads fail (its groups' offsets, its
+        topic) leaves the service ready: that gate's answers, status and metrics say so."""
         ok, detail = service.readiness()
         redis = None if service.redis is None else service.redis.healthy
         return JSONResponse(

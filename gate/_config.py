@@ -139,7 +139,8 @@ class GateConfig(_Strict):
     heartbeat_ms: int = Field(default=5_000, ge=100)
     """Unchanged snapshots are still published this often, so clients can measure age."""
     readiness_max_age_ms: int | None = Field(default=None, ge=100)
-    """/readyz fails when the last successful poll is older (default: max(10 polls, 10 s))."""
+    """/readyz fails when the cluster has not answered a poll for longer (default: max(10
+    polls, 10 s)); a gate's verdict turns unknown when its snapshot is older."""
     gates: dict[GateName, GateSpec] = Field(min_length=1)
     redis: RedisSettings | None = None
     http: HttpSettings = Field(default_factory=HttpSettings)

@@ -32,7 +32,7 @@ from gate._local import LocalBroker, LocalRedis
 from gate._redis import watermarks_key
 from gate._report import verdict_json
 from gate._serve import ListenError, ServedGate
-from gate._service import GateService
+from gate._service import GateService, present
 from gate._state import GateState
 
 TOPIC = "payments"
@@ -328,7 +328,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                 latest = service.store.latest("service-a")
                 parts: list[Any] = [_table(latest, services, service_a.stats())]
                 if latest is not None:
-                    verdict = verdict_json(latest, time.time())
+                    verdict = verdict_json(latest, present(latest))
                     style = "bold red" if verdict["state"] == "stuck" else "green"
                     parts.append(Text(f"service-a: {verdict['text']}", style=style))
                 return Group(*parts, footer)

@@ -5,7 +5,8 @@ One point every ``step`` seconds (the last state seen in that step); points olde
 per dependency group its lag in records (over all partitions) and in seconds (the oldest
 record it has not processed, over all partitions), and for the gate the sum of its
 watermarks (its rise is the release rate), the records held back, and the records released
-to the dependent that it has not processed. Pure: fed with gate states.
+to the dependent that it has not processed. Pure: fed with gate states. Points are placed by
+the wall clock, as charts show them: when it is stepped back, the history starts afresh.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class GateHistory:
         slot = at - at % self.step
         point = point_of(state, slot)
         points = self.points
+        if points and slot < points[-1]["t"]:
+            points.clear()  # the wall clock went back: the old points are of another time
         if points and points[-1]["t"] == slot:
             points[-1] = point
         else:

@@ -38,7 +38,8 @@ class Lag(NamedTuple):
 
 
 class EndHistory:
-    """When a partition's end offset reached which value (times in seconds since the epoch).
+    """When a partition's end offset reached which value (times in seconds, on the clock the
+    polls are timed by: durations between them are what counts).
 
     ``ends`` never decreases. Besides each new end, the history keeps the last poll that still
     saw the previous end when the end had been still for a while, so records appended after a

@@ -67,7 +67,6 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         service = self._service
-        now = time.time()
         watermark = GaugeMetricFamily(
             "gate_watermark",
             "Released below this offset (absent while nothing is released on the partition).",
@@ -144,6 +143,7 @@ class _StateCollector(Collector):
             state = service.store.latest(name)
             if state is None:
                 continue
+            now = state.now(time.monotonic(), time.time())  # ages: the time that passed
             version.add_metric([name], state.version)
             age.add_metric([name], max(0.0, now - state.snapshot.polled_at))
             unreleased = 0
@@ -188,12 +188,22 @@ class _StateCollector(Collector):
         yield from (partition_status, group_status, missing, held, version, age)
         yield from (waiting, waiting_seconds, stuck, unprocessed)
 
+        failing = GaugeMetricFamily(
+            "gate_read_failing",
+            "1 while the last poll could not refresh the gate (its dependency groups' offsets "
+            "or its topics' partitions could not be read): it serves its last snapshot.",
+            labels=["gate"],
+        )
+        for name in service.store.gates:
+            failing.add_metric([name], int(name in service.failing))
+        yield failing
+
         last_ok = GaugeMetricFamily(
             "gate_last_successful_poll_age_seconds",
-            "Seconds since the last poll that produced snapshots (absent before the first).",
+            "Seconds since the last poll the cluster answered (absent before the first).",
         )
-        if service.last_success is not None:
-            last_ok.add_metric([], now - service.last_success)
+        if service.answered_at is not None:
+            last_ok.add_metric([], max(0.0, time.monotonic() - service.answered_at))
         yield last_ok
         publisher = service.redis
         if publisher is not None:

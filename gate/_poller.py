@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import pickle
 import select
@@ -62,6 +63,7 @@ class OffsetPoller:
         self._requests_for: dict[str, int] | None = None
         self._rebuild_after = 3 * request_timeout if rebuild_after is None else rebuild_after
         self._groups_failing_since: float | None = None
+        self._answered = False  # whether the last read the cluster was asked was answered
         self.rebuilds = 0
 
     def _new_admin(self) -> AdminClient:
@@ -117,15 +119,19 @@ class OffsetPoller:
         self._requests_for = dict(counts)
 
     def poll(self) -> PollResult:
-        started_at = time.time()
+        started_at, started = time.time(), time.monotonic()
         errors: list[str] = []
         failed_topics: set[str] = set()
+        asked = answered = False
         if time.monotonic() - self._metadata_at >= self._metadata_interval:
+            asked = True
             metadata_errors = self.refresh_metadata()
             if metadata_errors:
                 errors.extend(metadata_errors)
                 if not self._partition_counts:
                     failed_topics.update(self._topics)
+            else:
+                answered = True
         counts = self._partition_counts
         if counts != self._requests_for:
             self._build_requests(counts)
@@ -133,6 +139,7 @@ class OffsetPoller:
         group_futures: dict[str, Future] = {}
         failed_groups: set[str] = set()
         for group, request in self._requests.items():
+            asked = True
             try:
                 futures = self._admin.list_consumer_group_offsets(
                     request, request_timeout=self._timeout
@@ -145,6 +152,7 @@ class OffsetPoller:
 
         end_futures: dict[TopicPartition, Future] = {}
         if self._end_request:
+            asked = True
             try:
                 end_futures = self._admin.list_offsets(
                     self._end_request, request_timeout=self._timeout
@@ -167,6 +175,7 @@ class OffsetPoller:
                 if tp.error is None and tp.offset >= 0:
                     offsets[(tp.topic, tp.partition)] = tp.offset
             committed[group] = offsets
+            answered = True
 
         end_offsets: dict[Partition, int] = {}
         end_error: str | None = None
@@ -177,6 +186,9 @@ class OffsetPoller:
                 end_error = end_error or f"end offsets: {describe_kafka_error(exc)}"
         if end_error:
             errors.append(end_error)
+        answered = answered or bool(end_offsets)
+        if asked:
+            self._answered = answered
 
         self._admin.poll(0)  # delivers librdkafka's log lines to the Python logger
         rebuilt = self._note_group_reads(failed_groups, time.monotonic())
@@ -192,6 +204,8 @@ class OffsetPoller:
             failed_groups=frozenset(failed_groups),
             failed_topics=frozenset(failed_topics),
             errors=tuple(errors),
+            answered=self._answered,
+            monotonic=started,
         )
 
 
@@ -257,26 +271,28 @@ class IsolatedPoller:
         write_frame(self._process.stdin, self._args)
 
     def poll(self) -> PollResult:
-        started_at = time.time()
+        started_at, started = time.time(), time.monotonic()
         if self._process is None and not self._closing:
             self._start()
         process = self._process
         if process is None:
-            return self._crashed(started_at, EOFError("closed"))
+            return self._crashed(started_at, started, EOFError("closed"))
         assert process.stdin is not None and process.stdout is not None
         try:
+            # The child's poll starts now: its monotonic clock is its own, this one counts.
+            started = time.monotonic()
             write_frame(process.stdin, "poll")
             ready, _, _ = select.select([process.stdout], [], [], self._wait)
             if not ready:
                 raise TimeoutError(f"no answer in {self._wait:.0f}s")
             result = read_frame(process.stdout)
         except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
-            return self._crashed(started_at, exc)
+            return self._crashed(started_at, started, exc)
         if isinstance(result, BaseException):
             raise result
-        return result  # type: ignore[no-any-return]
+        return dataclasses.replace(result, monotonic=started)
 
-    def _crashed(self, started_at: float, exc: BaseException) -> PollResult:
+    def _crashed(self, started_at: float, started: float, exc: BaseException) -> PollResult:
         process = self._process
         code = process.poll() if process is not None else None
         reason = f"exit code {code}" if code is not None else type(exc).__name__
@@ -299,6 +315,8 @@ class IsolatedPoller:
             failed_groups=self._groups,
             failed_topics=frozenset(self._topics),
             errors=(f"admin client: its process ended ({reason}); restarted",),
+            answered=False,
+            monotonic=started,
         )
 
     @property

@@ -8,6 +8,7 @@ built (clients never need their own clock); times are ISO 8601 in UTC.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -88,6 +89,10 @@ class GateSummary(BaseModel):
     groups: dict[str, GroupSummary]
     verdict: VerdictBody
     dependent: DependentSummary | None
+    errors: list[str] = Field(
+        description="Why the last poll did not refresh this gate, e.g. its dependency groups' "
+        "offsets could not be read (empty when it did): the snapshot is then the last good one."
+    )
 
 
 class GroupPositionBody(BaseModel):
@@ -144,9 +149,15 @@ def _age(at: float | None, now: float) -> float | None:
     return None if at is None else round(max(0.0, now - at), 3)
 
 
-def verdict_json(state: GateState, now: float, stale_after: float | None = None) -> dict[str, Any]:
+def verdict_json(
+    state: GateState,
+    now: float,
+    stale_after: float | None = None,
+    errors: Sequence[str] = (),
+) -> dict[str, Any]:
     """The verdict as ``/status`` gives it; ``unknown`` once the snapshot is older than
-    ``stale_after`` (no poll has succeeded since: what the last one said is no news)."""
+    ``stale_after`` (no poll has succeeded since: what the last one said is no news), saying
+    why when the poll's ``errors`` concerning the gate are known."""
     verdict = state.verdict
     if verdict.state == "released":
         text = "every record is released"
@@ -177,6 +188,8 @@ def verdict_json(state: GateState, now: float, stale_after: float | None = None)
             f"unknown: no poll has succeeded for {_duration(age)} "
             f"(the last one, at {polled}, said: {text})"
         )
+        if errors:
+            text += f"; the last poll failed: {'; '.join(errors)}"
     return {
         "state": shown,
         "text": text,
@@ -206,7 +219,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def gate_summary(state: GateState, now: float, stale_after: float | None = None) -> dict[str, Any]:
+def gate_summary(
+    state: GateState,
+    now: float,
+    stale_after: float | None = None,
+    errors: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The summary of ``state``; ``errors``: why the last poll did not refresh the gate."""
     parts = list(state.partitions.values())
     groups: dict[str, dict[str, Any]] = {}
     for group, status in state.groups.items():
@@ -243,13 +262,19 @@ def gate_summary(state: GateState, now: float, stale_after: float | None = None)
         "records_waiting": sum(p.waiting or 0 for p in parts),
         "missing_topics": list(state.missing_topics),
         "groups": groups,
-        "verdict": verdict_json(state, now, stale_after),
+        "verdict": verdict_json(state, now, stale_after, errors),
         "dependent": dependent,
+        "errors": list(errors),
     }
 
 
-def gate_status(state: GateState, now: float, stale_after: float | None = None) -> dict[str, Any]:
-    body = gate_summary(state, now, stale_after)
+def gate_status(
+    state: GateState,
+    now: float,
+    stale_after: float | None = None,
+    errors: Sequence[str] = (),
+) -> dict[str, Any]:
+    body = gate_summary(state, now, stale_after, errors)
     body["partitions"] = [_partition(part, now) for part in state.partitions.values()]
     return body
 

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
-from gate._config import GateConfig
+from gate._config import GateConfig, GateSpec
 from gate._metrics import GateMetrics
 from gate._poller import IsolatedPoller, OffsetPoller, describe_kafka_error, make_poller
 from gate._publish import RedisPublisher, SnapshotStore
@@ -65,8 +65,12 @@ class GateService:
         )
         self._admin = admin
         self.poller: OffsetPoller | IsolatedPoller | None = None
-        self.last_success: float | None = None
+        self.answered_at: float | None = None
+        """When the last poll cycle the cluster answered started, on the monotonic clock
+        (None: none yet)."""
         self.last_poll: PollResult | None = None
+        self.failing: dict[str, tuple[str, ...]] = {}
+        """The gates the last poll cycle could not refresh, with what kept it from it."""
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._logged_errors: tuple[str, ...] = ()
@@ -166,20 +170,26 @@ class GateService:
         self.metrics.polls.inc()
         self.metrics.poll_duration.observe(poll.duration)
         states: list[GateState] = []
-        skipped = []
+        failing: dict[str, tuple[str, ...]] = {}
         for name, evaluator in self.evaluators.items():
-            spec = self.config.gates[name]
-            if poll.failed_groups.intersection(spec.depends_on) or poll.failed_topics.intersection(
-                spec.topics
-            ):
-                skipped.append(name)
+            errors = read_errors(poll, self.config.gates[name])
+            if errors:
+                failing[name] = errors
                 continue
-            state = evaluator.observe(poll)
+            try:
+                state = evaluator.observe(poll)
+            except Exception as exc:  # one gate's failure stays that gate's
+                failing[name] = (f"internal: {exc}",)
+                self.metrics.poll_errors.labels("internal").inc()
+                if self.failing.get(name) != failing[name]:
+                    log.exception("gate %s: unexpected error while evaluating a poll", name)
+                continue
             states.append(state)
             self._record_events(state)
-        self._report_errors(poll, skipped)
-        if not skipped:
-            self.last_success = poll.started_at
+        self.failing = failing
+        self._report_errors(poll, list(failing))
+        if poll.answered:
+            self.answered_at = time.monotonic() if poll.monotonic is None else poll.monotonic
         return states
 
     def _record_events(self, state: GateState) -> None:
@@ -267,22 +277,50 @@ class GateService:
 
     @property
     def stale_after(self) -> float:
-        """Seconds without a successful poll after which the service is not ready, and a
-        gate's verdict is unknown."""
+        """Seconds without an answer from the cluster after which the service is not ready,
+        and without a successful poll of a gate after which its verdict is unknown."""
         return (self.config.readiness_max_age_ms or 0) / 1000
 
     def readiness(self, now: float | None = None) -> tuple[bool, str]:
-        """Whether a poll succeeded recently enough, with a reason."""
-        now = time.time() if now is None else now
-        if self.last_success is None:
-            return False, "no successful poll yet"
-        age = now - self.last_success
+        """Whether the service can serve, with a reason: it has completed a poll cycle the
+        cluster answered, and the cluster answered within ``stale_after``. One gate that
+        cannot read its dependencies (or has no topic, or fails to evaluate) leaves the
+        service ready: that shows in the gate's own answers, status and metrics. ``now`` is
+        on the monotonic clock."""
+        now = time.monotonic() if now is None else now
+        if self.answered_at is None:
+            if self.last_poll is None:
+                return False, "no poll cycle completed yet"
+            return False, "the cluster has not answered a poll yet"
+        age = max(0.0, now - self.answered_at)
         limit = self.stale_after
         if age > limit:
-            return False, f"last successful poll {age:.1f}s ago (limit {limit:.1f}s)"
-        detail = f"last successful poll {age:.1f}s ago"
+            return False, f"the cluster has not answered for {age:.1f}s (limit {limit:.1f}s)"
+        detail = f"the cluster answered {age:.1f}s ago"
+        if self.failing:
+            detail += f"; the last poll did not refresh: {', '.join(self.failing)} (see /status)"
         redis = self.redis
         if redis is not None and not redis.healthy:
             # Still ready: HTTP serves the watermarks; Redis followers keep their last ones.
             detail += f"; redis unreachable: {redis.last_error or 'not connected yet'}"
         return True, detail
+
+
+def read_errors(poll: PollResult, spec: GateSpec) -> tuple[str, ...]:
+    """Why ``poll`` cannot refresh the gate of ``spec`` (empty when it can): reading its
+    dependency groups' offsets, or its topics' partitions, failed."""
+    groups = poll.failed_groups.intersection(spec.depends_on)
+    topics = poll.failed_topics.intersection(spec.topics)
+    if not groups and not topics:
+        return ()
+    prefixes = tuple(f"group {group}:" for group in sorted(groups))
+    if topics:
+        prefixes += ("metadata:",)
+    own = tuple(error for error in poll.errors if error.startswith(prefixes))
+    return own or poll.errors or ("its dependencies could not be read",)
+
+
+def present(state: GateState) -> float:
+    """Now, on the wall clock of ``state``'s poll: ages computed from it are the time that
+    passed since, even when the system clock has been stepped meanwhile."""
+    return state.now(time.monotonic(), time.time())

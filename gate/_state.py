@@ -47,6 +47,7 @@ class PollResult:
     """What one poll of the admin API saw, for all gates at once."""
 
     started_at: float
+    """When the poll started, on the wall clock (seconds since the epoch)."""
     finished_at: float
     partition_counts: Mapping[str, int]
     """Partitions per topic; a topic that does not exist is absent."""
@@ -58,10 +59,16 @@ class PollResult:
     failed_topics: frozenset[str] = frozenset()
     """Topics whose metadata could not be read in this poll."""
     errors: tuple[str, ...] = ()
+    answered: bool = True
+    """Whether the cluster answered any of this poll's reads (metadata, end offsets or a
+    group's offsets); a poll that asked nothing carries the previous poll's answer."""
+    monotonic: float | None = None
+    """When the poll started, on the monotonic clock: what durations are measured on (None:
+    ``started_at`` stands for it)."""
 
     @property
     def duration(self) -> float:
-        return self.finished_at - self.started_at
+        return max(0.0, self.finished_at - self.started_at)  # a clock stepped back mid-poll
 
 
 class GroupPosition(NamedTuple):
@@ -202,6 +209,8 @@ class GateState:
     verdict: Verdict = RELEASED
     dependent: str | None = None
     """The dependent's own consumer group, when the gate follows it."""
+    monotonic: float | None = None
+    """When its poll started on the monotonic clock (None: unknown)."""
 
     @property
     def gate(self) -> str:
@@ -210,3 +219,11 @@ class GateState:
     @property
     def version(self) -> int:
         return self.snapshot.version
+
+    def now(self, monotonic: float, wall: float) -> float:
+        """The present on the wall clock of this state's poll: its time plus the monotonic
+        time passed since (``wall`` when that is unknown). Ages computed from it are the time
+        that passed, even when the wall clock has been stepped since the poll."""
+        if self.monotonic is None:
+            return wall
+        return self.snapshot.polled_at + max(0.0, monotonic - self.monotonic)

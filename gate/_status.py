@@ -5,8 +5,10 @@ admin API reported at one moment) and returns a :class:`GateState`. It remembers
 history to tell, in the spirit of LinkedIn Burrow, whether each dependency group is
 
 * OK: its lag is small, or falling, or not growing steadily;
-* LAGGING: its lag (in records) has not fallen once across the whole ``lag_window``, has
-  grown over it, and is more than ``lag_threshold`` seconds;
+* LAGGING: its lag (in records) right after each of its commits has not fallen once across
+  the whole ``lag_window``, has grown over it, and is more than ``lag_threshold`` seconds
+  (see :class:`_Track`: a group that commits less often than the gate polls is judged
+  across its commits);
 * STALLED: it has lag and its committed offset has not moved for ``stall_after`` seconds (a
   stuck or dead dependency holding everyone back);
 * REWOUND: its committed offset went backwards within ``rewind_window``;
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from gate._lag import EndHistory
 from gate._state import (
@@ -58,8 +60,8 @@ class StatusPolicy:
     stall_after: float = 60.0
     """Seconds a group may have lag without committing before it is STALLED."""
     lag_window: float = 30.0
-    """Seconds over which the lag trend is judged: LAGGING only when the lag did not fall once
-    across the whole window and grew over it."""
+    """Seconds over which the lag trend is judged: LAGGING only when the lag after each commit
+    did not fall once across the whole window and grew over it."""
     lag_threshold: float = 10.0
     """Seconds of lag below which a group is never LAGGING, however its lag moves."""
     rewind_window: float = 300.0
@@ -72,50 +74,112 @@ class StatusPolicy:
     a highest offset beyond the log's end never counts."""
 
 
+class _Point(NamedTuple):
+    """A group's lag right after one of its commits: between ``low`` and ``high`` records
+    (the commit happened between two polls, and records kept arriving), and the age of its
+    oldest unprocessed record then (None: unknown)."""
+
+    at: float
+    low: int
+    high: int
+    seconds: float | None
+
+
 class _Track:
-    """Memory of one group on one partition across polls."""
+    """Memory of one group on one partition across polls.
+
+    Its lag trend is judged on its lag right after each of its commits, not at every poll:
+    between two commits a group's lag only grows (records arrive, its committed offset stands
+    still) and it falls at the next commit, so a group that commits less often than the gate
+    polls shows a saw-tooth whose every fall looks like catching up, and whose every rise
+    looks like falling behind. A commit is seen at the first poll after it, so the lag right
+    after it is known within the records appended between two polls (``_Point.low`` to
+    ``high``); the lag counts as grown, or fallen, only beyond that.
+
+    The group is *lagging* when, over the ``window`` that ends at its latest commit, its lag
+    after commits did not fall once and the latest one is above the one at the window's start,
+    and its oldest unprocessed record was older than the threshold right after that commit.
+    The judgement spans commits however rare they are, and holds between them. A group that
+    stops committing is judged on its lag now once it has been silent for longer than the
+    window and than twice its previous interval between commits (records keep arriving and it
+    shows no progress); until then only STALLED can catch it.
+    """
 
     __slots__ = (
         "committed",
+        "end",
+        "gap",
         "highest",
-        "last_lag",
         "moved_at",
         "rewound_at",
-        "rising_since",
-        "samples",
+        "seen_moving",
+        "trend",
     )
 
-    def __init__(self, committed: int, now: float) -> None:
+    def __init__(
+        self, committed: int, now: float, lag: int | None, seconds: float | None, end: int | None
+    ) -> None:
         self.committed = committed
         self.highest = committed
         self.moved_at = now
         self.rewound_at: float | None = None
-        self.last_lag: int | None = None
-        self.rising_since = now  # since when the lag has not fallen
-        # (time, lag) since then, about one per eighth of the window: the first one is the
-        # latest at or before the window's start.
-        self.samples: deque[tuple[float, int]] = deque()
+        self.end = end  # the end offset at the latest poll that knew it
+        self.gap: float | None = None  # between its last two commits seen
+        self.seen_moving = False  # its committed offset moved since it was first seen
+        # Its lag after each commit since that last fell, about one per eighth of the window:
+        # the first one is the latest at or before the window's start. First seen, its lag
+        # after its last commit was at most its lag now.
+        self.trend: deque[_Point] = deque()
+        if lag is not None:
+            self.trend.append(_Point(now, 0, lag, seconds))
 
-    def observe_lag(self, lag: int | None, now: float, window: float) -> None:
+    def moved(
+        self, committed: int, lag: int | None, seconds: float | None, now: float, window: float
+    ) -> None:
+        """Its committed offset moved: ``lag`` and ``seconds`` are its lag seen now."""
+        if committed < self.committed:
+            self.rewound_at = now
+            self.trend.clear()  # a rewind is a step, not a trend: judged afresh from here
+        elif committed > self.highest:
+            self.highest = committed
+        if self.seen_moving:
+            self.gap = now - self.moved_at
+        self.seen_moving = True
+        self.committed = committed
+        self.moved_at = now
         if lag is None:
             return
-        samples = self.samples
-        if self.last_lag is None or lag < self.last_lag:
-            self.rising_since = now
-            samples.clear()
-        self.last_lag = lag
-        if not samples or now - samples[-1][0] >= window / 8:
-            samples.append((now, lag))
-        while len(samples) > 1 and samples[1][0] <= now - window:
-            samples.popleft()
+        trend = self.trend
+        if trend and lag < trend[-1].low:
+            trend.clear()  # it fell for certain: the trend starts again
+        low = lag if self.end is None else max(0, min(lag, self.end - committed))
+        point = _Point(now, low, lag, seconds)
+        if len(trend) >= 2 and now - trend[-2].at < window / 8:
+            trend[-1] = point
+        else:
+            trend.append(point)
+        while len(trend) > 1 and trend[1].at <= now - window:
+            trend.popleft()
 
-    def growing(self, now: float, window: float) -> bool:
-        """The lag has not fallen once across the whole window, and is higher now than at
-        the window's start."""
-        if now - self.rising_since < window or not self.samples or self.last_lag is None:
+    def lagging(
+        self, lag: int | None, seconds: float | None, now: float, window: float, threshold: float
+    ) -> bool:
+        trend = self.trend
+        if not trend:
             return False
-        since, lag = self.samples[0]
-        return since <= now - window and self.last_lag > lag
+        silent = now - self.moved_at
+        if lag is not None and self.gap is not None and silent > max(window, 2 * self.gap):
+            latest = _Point(now, lag, lag, seconds)  # no commit for long, and its lag grew
+        else:
+            latest = trend[-1]
+        if latest.seconds is None or latest.seconds <= threshold:
+            return False
+        start: _Point | None = None
+        for point in trend:
+            if point.at > latest.at - window:
+                break
+            start = point
+        return start is not None and latest.low > start.high
 
 
 @dataclass
@@ -168,7 +232,12 @@ class GateEvaluator:
         return resets
 
     def observe(self, poll: PollResult) -> GateState:
-        now = poll.started_at
+        # Durations (stall, rewind and lag windows, lag in seconds) are measured on the
+        # monotonic clock: a wall clock stepped back or forward moves none of them. Times
+        # handed out are on the poll's wall clock (``shift`` from one to the other).
+        now = poll.started_at if poll.monotonic is None else poll.monotonic
+        wall = poll.started_at
+        shift = wall - now
         policy = self.policy
         partitions: list[Partition] = []
         missing_topics: list[str] = []
@@ -209,21 +278,18 @@ class GateEvaluator:
                     continue
                 end = end_offsets.get(tp)
                 lag = (end - committed if end > committed else 0) if end is not None else None
-                if track is None:
-                    track = tracks[key] = _Track(committed, now)
-                elif committed != track.committed:
-                    if committed < track.committed:
-                        rewinds.append(Rewind(group, tp[0], tp[1], track.committed, committed))
-                        track.rewound_at = now
-                    elif committed > track.highest:
-                        track.highest = committed
-                    track.committed = committed
-                    track.moved_at = now
-                track.observe_lag(lag, now, lag_window)
                 history = histories.get(tp)
                 seconds, exact = (None, True)
                 if lag is not None and history is not None:
                     seconds, exact = history.lag(committed, now) if lag else (0.0, True)
+                if track is None:
+                    track = tracks[key] = _Track(committed, now, lag, seconds, end)
+                elif committed != track.committed:
+                    if committed < track.committed:
+                        rewinds.append(Rewind(group, tp[0], tp[1], track.committed, committed))
+                    track.moved(committed, lag, seconds, now, lag_window)
+                if end is not None:
+                    track.end = end
                 # Status, most severe first (see SEVERITY). Stalled: it has had lag, and
                 # not committed, for stall_after (lag that just appeared on an idle
                 # partition is not a stall, however long ago the group last committed).
@@ -234,16 +300,12 @@ class GateEvaluator:
                     status = STALLED
                 elif track.rewound_at is not None and now - track.rewound_at < rewind_window:
                     status = REWOUND
-                elif (
-                    seconds is not None
-                    and seconds > lag_threshold
-                    and track.growing(now, lag_window)
-                ):
+                elif track.lagging(lag, seconds, now, lag_window, lag_threshold):
                     status = LAGGING
                 else:
                     status = OK
                 positions[tp][group] = GroupPosition(
-                    committed, lag, status, track.moved_at, seconds, exact
+                    committed, lag, status, track.moved_at + shift, seconds, exact
                 )
                 if keep_highest and (end is None or track.highest <= end):
                     group_effective[tp] = track.highest
@@ -287,7 +349,7 @@ class GateEvaluator:
                 watermark,
                 holding,
                 positions[tp],
-                mark[1],
+                mark[1] + shift,
                 waiting_seconds,
                 dependent.get(tp),
             )
@@ -295,8 +357,8 @@ class GateEvaluator:
         previous = self._last
         snapshot = Snapshot(
             gate=self.gate,
-            version=self.next_version(now),
-            polled_at=now,
+            version=self.next_version(wall),
+            polled_at=wall,
             watermarks=watermarks,
         )
         state = GateState(
@@ -309,8 +371,9 @@ class GateEvaluator:
             lost=tuple(lost),
             resets=tuple(resets),
             poll_duration=poll.duration,
-            verdict=judge(states.values(), now, stall_after),
+            verdict=judge(states.values(), wall, stall_after),
             dependent=self.dependent,
+            monotonic=poll.monotonic,
         )
         self._last = state
         return state

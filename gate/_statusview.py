@@ -89,8 +89,10 @@ def render(service: Mapping[str, Any], details: list[Mapping[str, Any]], limit: 
                     style="green" if redis["healthy"] else "red")  # fmt: skip
     parts: list[RenderableType] = [line]
     pending = [name for name, summary in service["gates"].items() if summary is None]
+    failing = service.get("failing") or {}
     for name in pending:
-        parts.append(Text(f"\n{name}: first poll pending", style="yellow"))
+        why = "; ".join(failing[name]) if name in failing else "first poll pending"
+        parts.append(Text(f"\n{name}: no snapshot yet ({why})", style="yellow"))
     for detail in details:
         parts.extend(_gate(detail, limit))
     return Group(*parts)

@@ -60,6 +60,10 @@ async function refreshService() {
   $("redis").textContent = body.redis
     ? `redis ${body.redis.healthy ? "ok" : "down: " + (body.redis.error || "")}` : "";
   renderTabs(body.gates);
+  const failing = (body.failing || {})[state.gate];
+  if (failing && !body.gates[state.gate]) {
+    showEmpty(`Gate ${state.gate} has no snapshot yet: ${failing.join("; ")}`);
+  }
 }
 
 function renderTabs(gates) {

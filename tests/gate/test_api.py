@@ -56,7 +56,7 @@ class Harness:
     def publish(self, b: dict[int, int], c: dict[int, int]) -> None:
         state = self.evaluator.observe(poll(time.time(), b, c))
         self.client.portal.call(self.service.store.update, state)  # on the app's loop
-        self.service.last_success = state.snapshot.polled_at
+        self.service.answered_at = time.monotonic()
 
 
 @pytest.fixture
@@ -335,7 +335,7 @@ def test_readyz_reports_whether_the_configured_redis_answers(
         )
     )
     asyncio.run(service._continue_redis_versions())  # what start() does first
-    service.last_success = time.time()
+    service.answered_at = time.monotonic()
     client = TestClient(create_app(service, manage_service=False))
     with client:
         body = client.get("/readyz").json()

@@ -6,14 +6,25 @@ import contextlib
 import json
 import threading
 import time
+from concurrent.futures import Future
+from typing import Any, cast
 
 import httpx
 import pytest
 import redis
-from confluent_kafka.admin import NewPartitions
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewPartitions
 
-from gate import Snapshot, parse_config, snapshot_from_hash, updates_channel, watermarks_key
+from gate import (
+    GateService,
+    Snapshot,
+    parse_config,
+    snapshot_from_hash,
+    updates_channel,
+    watermarks_key,
+)
 from gate._local import LocalBroker, LocalRedis, LocalServiceError
+from gate._serve import ServedGate
 from tests.support import Broker, Kafka, gate_config, serve_gate, unique, wait_until
 
 ARTICLE_B = {0: 30, 1: 30, 2: 10}
@@ -252,6 +263,78 @@ def test_kafka_outage_keeps_the_last_snapshot_and_recovers(local_broker: LocalBr
         assert "gate_poll_errors_total" in httpx.get(f"{url}/metrics").text
 
 
+class RefusingAdmin:
+    """The cluster's admin client, except that the cluster refuses to read the offsets of
+    some groups (as it does for groups an ACL does not cover)."""
+
+    def __init__(self, bootstrap: str, refused: set[str]) -> None:
+        self._admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.refused = refused
+
+    def list_consumer_group_offsets(
+        self, requests: list[ConsumerGroupTopicPartitions], **options: Any
+    ) -> dict[str, Future[Any]]:
+        group = requests[0].group_id
+        if group not in self.refused:
+            return self._admin.list_consumer_group_offsets(requests, **options)
+        refused: Future[Any] = Future()
+        refused.set_exception(KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED)))
+        return {group: refused}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._admin, name)
+
+
+def test_one_gate_failing_to_read_leaves_the_others_served_and_the_service_ready(
+    kafka: Kafka,
+) -> None:
+    """Gate x's dependency group cannot be read and gate m's topic does not exist: gate a is
+    still served fresh snapshots, and the service stays ready long past the readiness limit;
+    x and m say what is wrong in their own answers, status and metrics."""
+    topic, other = kafka.create_topic(1), kafka.create_topic(1)
+    cg_b, cg_x = unique("CG-B"), unique("CG-X")
+    kafka.produce(topic, {0: 10})
+    kafka.commit(cg_b, topic, {0: 5})
+    kafka.commit(cg_x, other, {0: 5})
+    config = gate_config(
+        kafka.bootstrap,
+        {
+            "a": {"topics": [topic], "depends_on": [cg_b]},
+            "x": {"topics": [other], "depends_on": [cg_x]},
+            "m": {"topics": [unique("missing")], "depends_on": [cg_b]},
+        },
+        readiness_max_age_ms=500,
+    )
+    admin = RefusingAdmin(kafka.bootstrap, {cg_x})
+    with ServedGate(GateService(config, admin=cast(AdminClient, admin))) as gate:
+        url = gate.url
+        first = wait_until(lambda: watermarks(url, "a"), what="gate a's first snapshot")
+        wait_until(
+            lambda: watermarks(url, "a")["version"] > first["version"] + 1500,  # type: ignore[index]
+            timeout=20,
+            what="gate a polled for three readiness limits",
+        )
+        probe = httpx.get(f"{url}/readyz")
+        assert probe.status_code == 200, probe.json()
+        status = httpx.get(f"{url}/status").json()
+        assert status["ready"] is True and status["gates"]["x"] is None
+        assert status["failing"]["x"][0].startswith(f"group {cg_x}: ")
+        assert set(status["failing"]) == {"x"}
+        assert status["gates"]["m"]["missing_topics"] and status["gates"]["a"]["errors"] == []
+        x = httpx.get(
+            f"{url}/ready", params={"gate": "x", "topic": other, "partition": 0, "offset": 0}
+        )
+        assert x.status_code == 425 and cg_x in x.json()["reason"]
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'gate_read_failing{gate="x"} 1.0' in metrics
+        assert 'gate_read_failing{gate="a"} 0.0' in metrics
+        kafka.commit(cg_b, topic, {0: 8})
+        wait_until(lambda: released_map(url, "a", topic) == {"0": 8}, what="gate a moving on")
+        admin.refused.clear()
+        wait_until(lambda: released_map(url, "x", other) == {"0": 5}, what="gate x recovered")
+        assert httpx.get(f"{url}/status").json()["failing"] == {}
+
+
 def follow_status(url: str, events: list[str], stop: threading.Event) -> None:
     """Collect the data of a server-sent event stream's ``status`` events until ``stop``."""
     with contextlib.suppress(httpx.HTTPError), httpx.stream("GET", url, timeout=30) as response:
@@ -396,6 +479,7 @@ def test_an_aborted_admin_client_costs_one_poll(kafka: Kafka) -> None:
         time.sleep(0.5)
         failed = poller.poll()
         assert failed.failed_groups == {group} and "process ended" in failed.errors[0]
+        assert not failed.answered and first.answered
         again = poller.poll()
         assert again.committed[group] == {(topic, 0): 7} and poller.restarts == 1
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -400,3 +402,119 @@ def test_a_failed_read_of_the_dependent_keeps_its_last_offsets() -> None:
     )
     part = ev.observe(failed).partitions[("t", 0)]
     assert part.dependent == 10 and part.released_unprocessed == 85
+
+
+TICK = 0.05
+"""Seconds per tick of the simulated clock below."""
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """``per_tick`` records are appended every tick; the group commits every
+    ``commits_every`` ticks from tick ``first_commit`` on, and the gate polls every
+    ``polls_every`` ticks."""
+
+    polls_every: int
+    commits_every: int
+    first_commit: int
+    per_tick: int
+
+    def statuses(
+        self,
+        processed: Callable[[int], int],
+        policy: StatusPolicy,
+        *,
+        ticks: int,
+        start: int = 0,
+    ) -> list[DependencyStatus]:
+        """Group b's status at every poll of a gate that starts polling at tick ``start``,
+        b committing the offset it has ``processed`` by each of its commits. Time is
+        simulated: tick k is ``k * TICK`` seconds."""
+        gate = GateEvaluator("a", ["t"], ["b"], policy)
+        committed = 0
+        seen = []
+        for tick in range(ticks + 1):
+            end = self.per_tick * tick
+            if tick >= self.first_commit and (tick - self.first_commit) % self.commits_every == 0:
+                committed = processed(tick)
+            if tick >= start and tick % self.polls_every == 0:
+                state = gate.observe(poll(tick * TICK, {"b": {0: committed}}, {0: end}, 1))
+                seen.append(state.groups["b"])
+        return seen
+
+
+def falling_behind(per_tick: int, fraction: float) -> Callable[[int], int]:
+    """A group that processes ``fraction`` of what is produced: producers outrun it."""
+    return lambda tick: int(fraction * per_tick * tick)
+
+
+def keeping_up(per_tick: int, delay: int) -> Callable[[int], int]:
+    """A group that processes every record ``delay`` ticks after it was appended."""
+    return lambda tick: per_tick * max(0, tick - delay)
+
+
+def lagging_for_good(statuses: list[DependencyStatus]) -> bool:
+    """LAGGING at the end, and at every poll since it first was (no flapping)."""
+    return LAGGING in statuses and set(statuses[statuses.index(LAGGING) :]) == {LAGGING}
+
+
+def test_a_group_committing_every_5_s_while_producers_outrun_it_is_lagging() -> None:
+    """100 records a second; the gate polls every 200 ms; b processes 80 a second and
+    commits every 5 s, so most polls see its commit unchanged and its lag falls at every
+    commit: its lag after each commit grows, and it is LAGGING for good once its oldest
+    record is older than the threshold. A group keeping up on the same cadence stays OK."""
+    policy = StatusPolicy()  # a 30 s window, a 10 s threshold
+    cadence = Cadence(polls_every=4, commits_every=100, first_commit=40, per_tick=5)
+    behind = cadence.statuses(falling_behind(5, 0.8), policy, ticks=3600)
+    assert lagging_for_good(behind)
+    keeping = cadence.statuses(keeping_up(5, 10), policy, ticks=3600)
+    assert set(keeping) == {OK}
+
+
+def test_a_group_committing_less_often_than_the_window_is_judged_across_its_commits() -> None:
+    """b commits every 40 s, longer than the 30 s window: between its commits its lag only
+    grows, which is no news. Falling behind, it is LAGGING for good from some commit on;
+    keeping up, it is OK at every poll."""
+    policy = StatusPolicy(lag_window=30.0, lag_threshold=10.0, stall_after=120.0)
+    cadence = Cadence(polls_every=20, commits_every=800, first_commit=100, per_tick=2)
+    behind = cadence.statuses(falling_behind(2, 0.5), policy, ticks=8000)
+    assert lagging_for_good(behind)
+    keeping = cadence.statuses(keeping_up(2, 20), policy, ticks=8000, start=1000)
+    assert set(keeping) == {OK}
+
+
+cadences = st.builds(
+    Cadence,
+    polls_every=st.integers(1, 20),  # 50 ms to 1 s
+    commits_every=st.integers(20, 200),  # 1 s to 10 s
+    first_commit=st.integers(0, 199),
+    per_tick=st.integers(1, 25),  # 20 to 500 records a second
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cadences, st.floats(0.2, 0.8), st.integers(0, 4000))
+def test_a_group_that_producers_outrun_ends_up_lagging(
+    cadence: Cadence, fraction: float, start: int
+) -> None:
+    """Whatever the poll and commit cadences, and whenever the gate starts watching: a group
+    processing at most 80 % of what is produced is LAGGING within four minutes, for good."""
+    processed = falling_behind(cadence.per_tick, fraction)
+    seen = cadence.statuses(processed, StatusPolicy(), ticks=start + 4800, start=start)
+    assert lagging_for_good(seen)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cadences, st.integers(0, 20), st.sampled_from([0.0, 2.0, 10.0]), st.integers(0, 4000))
+def test_a_group_that_keeps_up_is_never_lagging(
+    cadence: Cadence, delay: int, threshold: float, start: int
+) -> None:
+    """Whatever the poll and commit cadences, a group that processes every record within a
+    second and commits every few seconds is never LAGGING (nor STALLED), even with a
+    threshold its lag between commits exceeds, whenever the gate starts watching it."""
+    processed = keeping_up(cadence.per_tick, delay)
+    start += cadence.first_commit + delay + 1  # it is keeping up by then
+    seen = cadence.statuses(
+        processed, StatusPolicy(lag_threshold=threshold), ticks=start + 4800, start=start
+    )
+    assert set(seen) == {OK}
