@@ -22,7 +22,11 @@ Options (those of Spark's JVM Kafka source where they fit):
 
 =============================  =============================================================
 ``subscribe`` (or ``topic``)   topics, comma-separated (required)
-``kafka.<property>``           any librdkafka property (``kafka.bootstrap.servers`` required)
+``kafka.<property>``           any librdkafka property (``kafka.bootstrap.servers`` required),
+                               consumer properties included: the executors' consumers get
+                               them all (the driver's admin client the ones it understands)
+``kafka.isolation.level``      ``read_committed`` (default) or ``read_uncommitted``: batches
+                               are planned and read at this level
 ``startingOffsets``            ``earliest`` (default), ``latest``, or JSON such as
                                ``{"payments": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest)
 ``maxOffsetsPerTrigger``       most records per micro-batch, spread over partitions
@@ -45,6 +49,11 @@ The schema is the JVM source's: ``key``, ``value`` (binary), ``topic``, ``partit
 Offsets are ``{"topic": {"partition": next offset}}`` with sorted keys, so an unchanged offset
 compares equal and a replayed batch reads the identical range.
 
+Batches are planned and read at one isolation level. Under ``read_committed`` a batch ends at
+most at the last stable offset (before the first record of a transaction still open), so
+whatever it covers is decided and reads the same on a replay; under ``read_uncommitted`` it
+may end at the high watermark.
+
 Spark calls a source's ``commit`` one batch late and never for a run's last batch, so the
 job's progress is committed to Kafka by :class:`ProgressCommitter`, a streaming query
 listener that runs after Spark has written its commit log: gates and services can then
@@ -60,7 +69,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming import StreamingQueryListener
@@ -99,6 +115,15 @@ _ARROW = pa.schema(
     ]
 )
 _ARROW_HEADERS = _ARROW.append(pa.field("headers", _HEADERS))
+ISOLATION_LEVELS = {
+    "read_committed": IsolationLevel.READ_COMMITTED,
+    "read_uncommitted": IsolationLevel.READ_UNCOMMITTED,
+}
+# Consumer properties the source sets itself, rejected as options like Spark's JVM source does.
+MANAGED = {
+    "auto.offset.reset": "set startingOffsets (and failOnDataLoss) instead",
+    "enable.auto.commit": "the query's offsets are Spark's (ProgressCommitter commits them)",
+}
 
 Offsets = dict[str, dict[str, int]]
 
@@ -121,6 +146,18 @@ class _Settings:
         }
         if not self.kafka.get("bootstrap.servers"):
             raise _bad("kafka.bootstrap.servers", "is required")
+        for key, instead in MANAGED.items():
+            if key in self.kafka:
+                raise _bad(f"kafka.{key}", f"is not supported: {instead}")
+        given = self.kafka.get("isolation.level", "read_committed")
+        level = given.strip().lower()
+        if level not in ISOLATION_LEVELS:
+            raise _bad(
+                "kafka.isolation.level",
+                f"must be read_committed or read_uncommitted (got {given!r})",
+            )
+        self.kafka["isolation.level"] = level
+        self.isolation = ISOLATION_LEVELS[level]
         topics = lowered.get("subscribe") or lowered.get("topic") or ""
         self.topics = sorted({t.strip() for t in topics.split(",") if t.strip()})
         if not self.topics:
@@ -190,7 +227,28 @@ class _Settings:
         raise _bad(name, f"must be true or false (got {value!r})")
 
     def client_config(self) -> dict[str, str]:
+        """For the driver's admin client and the gate: without consumer-only properties."""
         return {k: v for k, v in self.kafka.items() if k not in CONSUMER_ONLY}
+
+    def consumer_config(self) -> dict[str, str]:
+        """For the executors' consumers: every ``kafka.*`` property, and what reading needs."""
+        return {
+            "group.id": f"{NAME}-reader",  # never joined, never committed: offsets are Spark's
+            **self.kafka,
+            "enable.auto.commit": "false",
+            "enable.partition.eof": "true",
+            # A range Kafka no longer holds is an error, never a jump to the end.
+            "auto.offset.reset": "error",
+        }
+
+    def check_consumer_config(self) -> None:
+        """Fails when the query starts if librdkafka rejects the readers' configuration."""
+        try:
+            consumer = Consumer({**self.consumer_config(), "logger": LOG})
+        except (KafkaException, TypeError, ValueError) as exc:
+            reason = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+            raise SourceOptionError(f"{NAME}: invalid kafka.* options: {reason}") from None
+        consumer.close()
 
 
 class OffsetRange(InputPartition):
@@ -206,6 +264,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __init__(self, options: Mapping[str, str], headers: bool) -> None:
         self.settings = _Settings(options)  # fails when the query starts, naming the option
+        self.settings.check_consumer_config()
         self.headers = headers
         self._admin: AdminClient | None = None
         self._gate: Any = None
@@ -243,12 +302,18 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return counts
 
     def _bounds(self, counts: Mapping[str, int]) -> tuple[Offsets, Offsets]:
-        """Earliest and end offset of every partition (two admin requests)."""
+        """Earliest and end offset of every partition (two admin requests). The end is the one
+        the readers see: under read_committed the last stable offset (where the first open
+        transaction begins), under read_uncommitted the high watermark."""
         admin = self._admin_client()
         partitions = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
         found: list[Offsets] = []
         for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
-            futures = admin.list_offsets({tp: spec for tp in partitions}, request_timeout=10)
+            futures = admin.list_offsets(
+                {tp: spec for tp in partitions},
+                isolation_level=self.settings.isolation,
+                request_timeout=10,
+            )
             offsets: Offsets = {}
             for tp, future in futures.items():
                 offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result(
@@ -390,17 +455,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
-        config = self.settings.client_config()
-        config.update(
-            {
-                "group.id": f"{NAME}-reader",  # never commits: offsets are Spark's
-                "enable.auto.commit": "false",
-                "enable.partition.eof": "true",
-                # A range Kafka no longer holds is an error, never a jump to the end.
-                "auto.offset.reset": "error",
-            }
-        )
-        consumer = Consumer({**config, "logger": LOG})
+        consumer = Consumer({**self.settings.consumer_config(), "logger": LOG})
         try:
             task = self._readable(consumer, partition)
             if task.start < task.end:
