@@ -52,7 +52,8 @@ compares equal and a replayed batch reads the identical range.
 Batches are planned and read at one isolation level. Under ``read_committed`` a batch ends at
 most at the last stable offset (before the first record of a transaction still open), so
 whatever it covers is decided and reads the same on a replay; under ``read_uncommitted`` it
-may end at the high watermark.
+may end at the high watermark. Offsets are not contiguous (transaction markers, aborted
+records, compaction): a task ends when its consumer's position reaches the range's end.
 
 Spark calls a source's ``commit`` one batch late and never for a run's last batch, so the
 job's progress is committed to Kafka by :class:`ProgressCommitter`, a streaming query
@@ -124,6 +125,7 @@ MANAGED = {
     "auto.offset.reset": "set startingOffsets (and failOnDataLoss) instead",
     "enable.auto.commit": "the query's offsets are Spark's (ProgressCommitter commits them)",
 }
+STALL_SECONDS = 120.0  # a task whose consumer does not move for this long fails
 
 Offsets = dict[str, dict[str, int]]
 
@@ -236,7 +238,6 @@ class _Settings:
             "group.id": f"{NAME}-reader",  # never joined, never committed: offsets are Spark's
             **self.kafka,
             "enable.auto.commit": "false",
-            "enable.partition.eof": "true",
             # A range Kafka no longer holds is an error, never a jump to the end.
             "auto.offset.reset": "error",
         }
@@ -478,21 +479,24 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         log.warning("%s; skipping them (failOnDataLoss is false)", missing)
         return OffsetRange(task.topic, task.partition, min(low, task.end), task.end)
 
-    @staticmethod
-    def _chunks(consumer: Consumer, task: OffsetRange) -> Iterator[list[Message]]:
-        """The range's records, in the chunks the consumer hands them over."""
+    def _chunks(self, consumer: Consumer, task: OffsetRange) -> Iterator[list[Message]]:
+        """The range's records, in the chunks the consumer hands them over. Offsets are not
+        contiguous (transaction markers, aborted records, compaction): the range is done when
+        the consumer's position reaches its end, whatever record it handed over last."""
+        tp = TopicPartition(task.topic, task.partition)
         position = task.start
-        deadline = time.monotonic() + 120.0
+        moved = time.monotonic()
         while position < task.end:
-            # Never ask for more than the range holds: a batch consume waits for that many.
-            messages = consumer.consume(min(10_000, task.end - position), 1.0)
+            # A batch consume waits for as many records as it asks for, or for the timeout:
+            # never ask for more than the range's offsets, and do not wait long for a range
+            # holding fewer records than offsets.
+            messages = consumer.consume(min(10_000, task.end - position), 0.1)
             chunk: list[Message] = []
+            beyond = False
             for message in messages:
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        if message.offset() >= task.end:
-                            position = task.end
                         continue
                     if error.code() == KafkaError._AUTO_OFFSET_RESET:
                         raise RuntimeError(
@@ -503,17 +507,26 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                         f"{NAME}: reading {task.topic}[{task.partition}]: {error.str()}"
                     )
                 if message.offset() >= task.end:  # never beyond the planned end: the watermark
-                    position = task.end
+                    beyond = True
                     break
                 chunk.append(message)
-                position = message.offset() + 1
             if chunk:
                 yield chunk
-            if messages:
-                deadline = time.monotonic() + 120.0
-            elif time.monotonic() > deadline:
+            # The position passes the records handed over and the markers and aborted records
+            # the consumer skipped.
+            reached = consumer.position([tp])[0].offset
+            if chunk:
+                reached = max(reached, chunk[-1].offset() + 1)
+            if beyond:
+                reached = task.end
+            if reached > position:
+                position, moved = reached, time.monotonic()
+            elif time.monotonic() - moved > STALL_SECONDS:
                 raise RuntimeError(
-                    f"{NAME}: {task.topic}[{task.partition}]: nothing below {task.end} for 120s"
+                    f"{NAME}: {task.topic}[{task.partition}]: the reader stayed at offset "
+                    f"{position} for {STALL_SECONDS:.0f}s, below the planned end {task.end}; "
+                    f"at isolation.level {self.settings.kafka['isolation.level']} the offsets "
+                    "from there are not readable (a transaction still open?)"
                 )
 
 

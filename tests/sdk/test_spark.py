@@ -569,6 +569,52 @@ def test_batches_are_planned_at_the_isolation_level_they_are_read_at(kafka: Kafk
         producer.abort_transaction(30)
 
 
+def test_ranges_ending_in_gaps_are_read_to_their_end(kafka: Kafka) -> None:
+    """Offsets are not contiguous (transaction markers, aborted records, compaction): a range
+    ends when the reader's position reaches its end, whatever record it saw last."""
+    from sdk.spark import OffsetRange
+
+    topic = kafka.create_topic(1)
+    transactions(kafka, topic, ("commit", 4), ("abort", 3), ("commit", 3))
+    # 0-3, 4 marker, 5-7 aborted, 8 marker, 9-11, 12 marker (the end)
+    uncommitted = planner(
+        kafka, topic, **{"gate.enabled": "false", "kafka.isolation.level": "read_uncommitted"}
+    )
+
+    def read(source, start: int, end: int) -> list[int]:  # type: ignore[no-untyped-def]
+        batches = source.read(OffsetRange(topic, 0, start, end))
+        return [o for batch in batches for o in batch.column("offset").to_pylist()]
+
+    assert read(uncommitted, 0, 5) == [0, 1, 2, 3]  # ends at a marker
+    assert read(uncommitted, 9, 13) == [9, 10, 11]  # ends after the last marker
+    assert read(uncommitted, 12, 13) == []  # only a marker
+    assert read(uncommitted, 3, 8) == [3, 5, 6, 7]
+    require_aborted_records_hidden(kafka, topic)
+    committed = planner(kafka, topic, **{"gate.enabled": "false"})
+    assert read(committed, 0, 8) == [0, 1, 2, 3]  # ends among aborted records
+    assert read(committed, 4, 9) == []  # a marker, aborted records and a marker
+    assert read(committed, 2, 13) == [2, 3, 9, 10, 11]
+
+
+def test_a_range_beyond_what_the_reader_can_read_fails_naming_where_it_stopped(
+    kafka: Kafka, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A range planned at read_uncommitted, read at read_committed while its transaction is
+    open (a checkpoint written at the other level): the task fails with a clear message."""
+    import sdk.spark as source_module
+    from sdk.spark import OffsetRange
+
+    topic = kafka.create_topic(1)
+    producer = transactions(kafka, topic, ("commit", 10), ("open", 5))
+    monkeypatch.setattr(source_module, "STALL_SECONDS", 1.0)
+    try:
+        source = planner(kafka, topic, **{"gate.enabled": "false"})
+        with pytest.raises(RuntimeError, match=rf"{topic}\[0\]: the reader stayed at offset 11"):
+            list(source.read(OffsetRange(topic, 0, 0, 16)))
+    finally:
+        producer.abort_transaction(30)
+
+
 def test_every_kafka_property_reaches_the_readers_consumer(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Consumer-only librdkafka properties included: the planner's admin client leaves them
     out, the executors' consumers get them all."""
