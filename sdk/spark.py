@@ -22,7 +22,11 @@ Options (those of Spark's JVM Kafka source where they fit):
 
 =============================  =============================================================
 ``subscribe`` (or ``topic``)   topics, comma-separated (required)
-``kafka.<property>``           any librdkafka property (``kafka.bootstrap.servers`` required)
+``kafka.<property>``           any librdkafka property (``kafka.bootstrap.servers`` required),
+                               consumer properties included: the executors' consumers get
+                               them all (the driver's admin client the ones it understands)
+``kafka.isolation.level``      ``read_committed`` (default) or ``read_uncommitted``: batches
+                               are planned and read at this level
 ``startingOffsets``            ``earliest`` (default), ``latest``, or JSON such as
                                ``{"payments": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest)
 ``maxOffsetsPerTrigger``       most records per micro-batch, spread over partitions
@@ -45,6 +49,12 @@ The schema is the JVM source's: ``key``, ``value`` (binary), ``topic``, ``partit
 Offsets are ``{"topic": {"partition": next offset}}`` with sorted keys, so an unchanged offset
 compares equal and a replayed batch reads the identical range.
 
+Batches are planned and read at one isolation level. Under ``read_committed`` a batch ends at
+most at the last stable offset (before the first record of a transaction still open), so
+whatever it covers is decided and reads the same on a replay; under ``read_uncommitted`` it
+may end at the high watermark. Offsets are not contiguous (transaction markers, aborted
+records, compaction): a task ends when its consumer's position reaches the range's end.
+
 Spark calls a source's ``commit`` one batch late and never for a run's last batch, so the
 job's progress is committed to Kafka by :class:`ProgressCommitter`, a streaming query
 listener that runs after Spark has written its commit log: gates and services can then
@@ -60,7 +70,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming import StreamingQueryListener
@@ -99,6 +116,16 @@ _ARROW = pa.schema(
     ]
 )
 _ARROW_HEADERS = _ARROW.append(pa.field("headers", _HEADERS))
+ISOLATION_LEVELS = {
+    "read_committed": IsolationLevel.READ_COMMITTED,
+    "read_uncommitted": IsolationLevel.READ_UNCOMMITTED,
+}
+# Consumer properties the source sets itself, rejected as options like Spark's JVM source does.
+MANAGED = {
+    "auto.offset.reset": "set startingOffsets (and failOnDataLoss) instead",
+    "enable.auto.commit": "the query's offsets are Spark's (ProgressCommitter commits them)",
+}
+STALL_SECONDS = 120.0  # a task whose consumer does not move for this long fails
 
 Offsets = dict[str, dict[str, int]]
 
@@ -121,6 +148,18 @@ class _Settings:
         }
         if not self.kafka.get("bootstrap.servers"):
             raise _bad("kafka.bootstrap.servers", "is required")
+        for key, instead in MANAGED.items():
+            if key in self.kafka:
+                raise _bad(f"kafka.{key}", f"is not supported: {instead}")
+        given = self.kafka.get("isolation.level", "read_committed")
+        level = given.strip().lower()
+        if level not in ISOLATION_LEVELS:
+            raise _bad(
+                "kafka.isolation.level",
+                f"must be read_committed or read_uncommitted (got {given!r})",
+            )
+        self.kafka["isolation.level"] = level
+        self.isolation = ISOLATION_LEVELS[level]
         topics = lowered.get("subscribe") or lowered.get("topic") or ""
         self.topics = sorted({t.strip() for t in topics.split(",") if t.strip()})
         if not self.topics:
@@ -190,7 +229,27 @@ class _Settings:
         raise _bad(name, f"must be true or false (got {value!r})")
 
     def client_config(self) -> dict[str, str]:
+        """For the driver's admin client and the gate: without consumer-only properties."""
         return {k: v for k, v in self.kafka.items() if k not in CONSUMER_ONLY}
+
+    def consumer_config(self) -> dict[str, str]:
+        """For the executors' consumers: every ``kafka.*`` property, and what reading needs."""
+        return {
+            "group.id": f"{NAME}-reader",  # never joined, never committed: offsets are Spark's
+            **self.kafka,
+            "enable.auto.commit": "false",
+            # A range Kafka no longer holds is an error, never a jump to the end.
+            "auto.offset.reset": "error",
+        }
+
+    def check_consumer_config(self) -> None:
+        """Fails when the query starts if librdkafka rejects the readers' configuration."""
+        try:
+            consumer = Consumer({**self.consumer_config(), "logger": LOG})
+        except (KafkaException, TypeError, ValueError) as exc:
+            reason = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+            raise SourceOptionError(f"{NAME}: invalid kafka.* options: {reason}") from None
+        consumer.close()
 
 
 class OffsetRange(InputPartition):
@@ -206,6 +265,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __init__(self, options: Mapping[str, str], headers: bool) -> None:
         self.settings = _Settings(options)  # fails when the query starts, naming the option
+        self.settings.check_consumer_config()
         self.headers = headers
         self._admin: AdminClient | None = None
         self._gate: Any = None
@@ -243,12 +303,18 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return counts
 
     def _bounds(self, counts: Mapping[str, int]) -> tuple[Offsets, Offsets]:
-        """Earliest and end offset of every partition (two admin requests)."""
+        """Earliest and end offset of every partition (two admin requests). The end is the one
+        the readers see: under read_committed the last stable offset (where the first open
+        transaction begins), under read_uncommitted the high watermark."""
         admin = self._admin_client()
         partitions = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
         found: list[Offsets] = []
         for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
-            futures = admin.list_offsets({tp: spec for tp in partitions}, request_timeout=10)
+            futures = admin.list_offsets(
+                {tp: spec for tp in partitions},
+                isolation_level=self.settings.isolation,
+                request_timeout=10,
+            )
             offsets: Offsets = {}
             for tp, future in futures.items():
                 offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result(
@@ -390,17 +456,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
-        config = self.settings.client_config()
-        config.update(
-            {
-                "group.id": f"{NAME}-reader",  # never commits: offsets are Spark's
-                "enable.auto.commit": "false",
-                "enable.partition.eof": "true",
-                # A range Kafka no longer holds is an error, never a jump to the end.
-                "auto.offset.reset": "error",
-            }
-        )
-        consumer = Consumer({**config, "logger": LOG})
+        consumer = Consumer({**self.settings.consumer_config(), "logger": LOG})
         try:
             task = self._readable(consumer, partition)
             if task.start < task.end:
@@ -423,21 +479,24 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         log.warning("%s; skipping them (failOnDataLoss is false)", missing)
         return OffsetRange(task.topic, task.partition, min(low, task.end), task.end)
 
-    @staticmethod
-    def _chunks(consumer: Consumer, task: OffsetRange) -> Iterator[list[Message]]:
-        """The range's records, in the chunks the consumer hands them over."""
+    def _chunks(self, consumer: Consumer, task: OffsetRange) -> Iterator[list[Message]]:
+        """The range's records, in the chunks the consumer hands them over. Offsets are not
+        contiguous (transaction markers, aborted records, compaction): the range is done when
+        the consumer's position reaches its end, whatever record it handed over last."""
+        tp = TopicPartition(task.topic, task.partition)
         position = task.start
-        deadline = time.monotonic() + 120.0
+        moved = time.monotonic()
         while position < task.end:
-            # Never ask for more than the range holds: a batch consume waits for that many.
-            messages = consumer.consume(min(10_000, task.end - position), 1.0)
+            # A batch consume waits for as many records as it asks for, or for the timeout:
+            # never ask for more than the range's offsets, and do not wait long for a range
+            # holding fewer records than offsets.
+            messages = consumer.consume(min(10_000, task.end - position), 0.1)
             chunk: list[Message] = []
+            beyond = False
             for message in messages:
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        if message.offset() >= task.end:
-                            position = task.end
                         continue
                     if error.code() == KafkaError._AUTO_OFFSET_RESET:
                         raise RuntimeError(
@@ -448,17 +507,26 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                         f"{NAME}: reading {task.topic}[{task.partition}]: {error.str()}"
                     )
                 if message.offset() >= task.end:  # never beyond the planned end: the watermark
-                    position = task.end
+                    beyond = True
                     break
                 chunk.append(message)
-                position = message.offset() + 1
             if chunk:
                 yield chunk
-            if messages:
-                deadline = time.monotonic() + 120.0
-            elif time.monotonic() > deadline:
+            # The position passes the records handed over and the markers and aborted records
+            # the consumer skipped.
+            reached = consumer.position([tp])[0].offset
+            if chunk:
+                reached = max(reached, chunk[-1].offset() + 1)
+            if beyond:
+                reached = task.end
+            if reached > position:
+                position, moved = reached, time.monotonic()
+            elif time.monotonic() - moved > STALL_SECONDS:
                 raise RuntimeError(
-                    f"{NAME}: {task.topic}[{task.partition}]: nothing below {task.end} for 120s"
+                    f"{NAME}: {task.topic}[{task.partition}]: the reader stayed at offset "
+                    f"{position} for {STALL_SECONDS:.0f}s, below the planned end {task.end}; "
+                    f"at isolation.level {self.settings.kafka['isolation.level']} the offsets "
+                    "from there are not readable (a transaction still open?)"
                 )
 
 

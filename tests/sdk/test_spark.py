@@ -238,6 +238,18 @@ def test_an_unreachable_watermark_source_gives_empty_batches_then_resumes(
             "option 'startingOffsets'",
         ),
         ({"gate.enabled": "maybe"}, "option 'gate.enabled'"),
+        (
+            {"gate.enabled": "false", "kafka.isolation.level": "serializable"},
+            "option 'kafka.isolation.level'",
+        ),
+        (
+            {"gate.enabled": "false", "kafka.auto.offset.reset": "latest"},
+            "option 'kafka.auto.offset.reset' is not supported",
+        ),
+        (
+            {"gate.enabled": "false", "kafka.queued.min.messages": "none"},
+            r"invalid kafka\.\* options.*queued\.min\.messages",
+        ),
     ],
 )
 def test_invalid_options_fail_when_the_query_starts(
@@ -389,3 +401,256 @@ def test_the_progress_committer_passes_callables_through_and_fails_fast(kafka: K
     assert kafka.committed(group, topic, 1) == {0: 3}
     with pytest.raises(ValueError, match=r"invalid Kafka configuration.*no\.such"):
         ProgressCommitter({"bootstrap.servers": kafka.bootstrap, "no.such": "x"}, group)
+
+
+# ---- transactions and the isolation level ------------------------------------------------
+
+
+def transactions(kafka: Kafka, topic: str, *steps: tuple[str, int]):  # type: ignore[no-untyped-def]
+    """Transactions on partition 0, one per step: ("commit", n), ("abort", n) or ("open", n)
+    (the last step only: begun, produced and delivered, left open). Values name the step and
+    the record (``commit0-3``). Returns the producer, to end an open transaction with."""
+    producer = kafka.producer(**{"transactional.id": unique("tx")})
+    producer.init_transactions(30)
+    for number, (kind, count) in enumerate(steps):
+        producer.begin_transaction()
+        for i in range(count):
+            producer.produce(topic, value=f"{kind}{number}-{i}".encode(), partition=0)
+        producer.flush(30)  # delivered: an aborted transaction's records are in the log too
+        if kind == "commit":
+            producer.commit_transaction(30)
+        elif kind == "abort":
+            producer.abort_transaction(30)
+    return producer
+
+
+def stable_offset(kafka: Kafka, topic: str) -> int:
+    """Partition 0's last stable offset as the broker reports it (ListOffsets, read_committed)."""
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    tp = TopicPartition(topic, 0)
+    futures = kafka.admin.list_offsets(
+        {tp: OffsetSpec.latest()}, isolation_level=IsolationLevel.READ_COMMITTED
+    )
+    return futures[tp].result(10).offset
+
+
+def require_stable_offset(kafka: Kafka, topic: str, expected: int) -> None:
+    """Skip on a broker that does not report the last stable offset of a partition with an open
+    transaction (Tansu 0.6 answers 0): no client can plan a read_committed batch there."""
+    reported = stable_offset(kafka, topic)
+    if reported != expected:
+        pytest.skip(
+            f"{kafka.broker.name} reports last stable offset {reported}, not {expected}, "
+            "while a transaction is open"
+        )
+
+
+def require_aborted_records_hidden(kafka: Kafka, topic: str) -> None:
+    """Skip on a broker that hands aborted records to read_committed consumers (Tansu 0.6 does:
+    its fetch responses list no aborted transactions)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": unique("probe"),
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    values: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        for _ in range(100):
+            messages = consumer.consume(100, 1.0)
+            values.extend(m.value() for m in messages if m.error() is None)
+            if any(m.error() is not None for m in messages):  # the end of the partition
+                break
+        else:
+            raise AssertionError(f"{topic}[0]: no end of partition")
+    finally:
+        consumer.close()
+    if any(value.startswith(b"abort") for value in values):
+        pytest.skip(f"{kafka.broker.name} hands aborted records to read_committed consumers")
+
+
+def drain(spark, kafka: Kafka, topic: str, checkpoint: str, **options: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """One Trigger.AvailableNow run of an ungated query: the values it read."""
+    values: list[str] = []
+
+    def each(frame, _: int) -> None:  # type: ignore[no-untyped-def]
+        values.extend(row.value.decode() for row in frame.select("value").collect())
+
+    query = (
+        reader(spark, kafka, topic, **{"gate.enabled": "false", **options})
+        .writeStream.foreachBatch(each)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(300), "the query did not finish"
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    return values
+
+
+def named(step: int, kind: str, count: int) -> list[str]:
+    return [f"{kind}{step}-{i}" for i in range(count)]
+
+
+def test_an_open_transaction_ends_the_batch_where_it_begins(spark, kafka: Kafka) -> None:
+    """read_committed (the default): a batch ends at the last stable offset, before the open
+    transaction, and the next one reads the transaction once it has committed."""
+    topic = kafka.create_topic(1)
+    producer = transactions(kafka, topic, ("commit", 10), ("open", 5))
+    committed = False
+    try:
+        require_stable_offset(kafka, topic, 11)  # 10 records and the commit marker
+        checkpoint = tempfile.mkdtemp()
+        assert drain(spark, kafka, topic, checkpoint) == named(0, "commit", 10)
+        producer.commit_transaction(30)
+        committed = True
+        assert drain(spark, kafka, topic, checkpoint) == named(1, "open", 5)
+    finally:
+        if not committed:
+            producer.abort_transaction(30)
+
+
+def test_aborted_transactions_are_skipped_and_the_batch_finishes(spark, kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    producer = transactions(
+        kafka, topic, ("commit", 4), ("abort", 3), ("commit", 3), ("abort", 2), ("open", 2)
+    )
+    try:
+        # 0-3, marker, 5-7 aborted, marker, 9-11, marker, 13-14 aborted, marker, 16-17 open
+        require_stable_offset(kafka, topic, 16)
+        require_aborted_records_hidden(kafka, topic)
+        values = drain(spark, kafka, topic, tempfile.mkdtemp())
+    finally:
+        producer.abort_transaction(30)
+    assert values == named(0, "commit", 4) + named(2, "commit", 3)
+
+
+def test_read_uncommitted_plans_to_the_end_and_reads_open_and_aborted_records(
+    spark, kafka: Kafka
+) -> None:
+    topic = kafka.create_topic(1)
+    producer = transactions(kafka, topic, ("commit", 4), ("abort", 3), ("open", 5))
+    try:
+        values = drain(
+            spark, kafka, topic, tempfile.mkdtemp(), **{"kafka.isolation.level": "read_uncommitted"}
+        )
+    finally:
+        producer.abort_transaction(30)
+    assert values == named(0, "commit", 4) + named(1, "abort", 3) + named(2, "open", 5)
+
+
+def test_batches_are_planned_at_the_isolation_level_they_are_read_at(kafka: Kafka) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topic = kafka.create_topic(1)
+    producer = transactions(kafka, topic, ("commit", 10), ("open", 5))
+    try:
+        # 0-9 committed, 10 the commit marker, 11-15 open
+        uncommitted = planner(
+            kafka, topic, **{"gate.enabled": "false", "kafka.isolation.level": "read_uncommitted"}
+        )
+        assert uncommitted.latestOffset({topic: {"0": 0}}, ReadAllAvailable()) == {topic: {"0": 16}}
+        require_stable_offset(kafka, topic, 11)
+        for options in ({}, {"kafka.isolation.level": "read_committed"}):
+            committed = planner(kafka, topic, **{"gate.enabled": "false", **options})
+            start = committed.initialOffset()
+            assert committed.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 11}}
+    finally:
+        producer.abort_transaction(30)
+
+
+def test_ranges_ending_in_gaps_are_read_to_their_end(kafka: Kafka) -> None:
+    """Offsets are not contiguous (transaction markers, aborted records, compaction): a range
+    ends when the reader's position reaches its end, whatever record it saw last."""
+    from sdk.spark import OffsetRange
+
+    topic = kafka.create_topic(1)
+    transactions(kafka, topic, ("commit", 4), ("abort", 3), ("commit", 3))
+    # 0-3, 4 marker, 5-7 aborted, 8 marker, 9-11, 12 marker (the end)
+    uncommitted = planner(
+        kafka, topic, **{"gate.enabled": "false", "kafka.isolation.level": "read_uncommitted"}
+    )
+
+    def read(source, start: int, end: int) -> list[int]:  # type: ignore[no-untyped-def]
+        batches = source.read(OffsetRange(topic, 0, start, end))
+        return [o for batch in batches for o in batch.column("offset").to_pylist()]
+
+    assert read(uncommitted, 0, 5) == [0, 1, 2, 3]  # ends at a marker
+    assert read(uncommitted, 9, 13) == [9, 10, 11]  # ends after the last marker
+    assert read(uncommitted, 12, 13) == []  # only a marker
+    assert read(uncommitted, 3, 8) == [3, 5, 6, 7]
+    require_aborted_records_hidden(kafka, topic)
+    committed = planner(kafka, topic, **{"gate.enabled": "false"})
+    assert read(committed, 0, 8) == [0, 1, 2, 3]  # ends among aborted records
+    assert read(committed, 4, 9) == []  # a marker, aborted records and a marker
+    assert read(committed, 2, 13) == [2, 3, 9, 10, 11]
+
+
+def test_a_range_beyond_what_the_reader_can_read_fails_naming_where_it_stopped(
+    kafka: Kafka, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A range planned at read_uncommitted, read at read_committed while its transaction is
+    open (a checkpoint written at the other level): the task fails with a clear message."""
+    import sdk.spark as source_module
+    from sdk.spark import OffsetRange
+
+    topic = kafka.create_topic(1)
+    producer = transactions(kafka, topic, ("commit", 10), ("open", 5))
+    monkeypatch.setattr(source_module, "STALL_SECONDS", 1.0)
+    try:
+        source = planner(kafka, topic, **{"gate.enabled": "false"})
+        with pytest.raises(RuntimeError, match=rf"{topic}\[0\]: the reader stayed at offset 11"):
+            list(source.read(OffsetRange(topic, 0, 0, 16)))
+    finally:
+        producer.abort_transaction(30)
+
+
+def test_every_kafka_property_reaches_the_readers_consumer(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Consumer-only librdkafka properties included: the planner's admin client leaves them
+    out, the executors' consumers get them all."""
+    import sdk.spark as source_module
+    from sdk.spark import GatedKafkaStreamReader, OffsetRange
+
+    configs: list[dict[str, object]] = []
+
+    class Opened(Exception):
+        pass
+
+    class RecordingConsumer:
+        def __init__(self, config: dict[str, object]) -> None:
+            configs.append(config)
+
+        def get_watermark_offsets(self, *args: object, **kwargs: object) -> tuple[int, int]:
+            raise Opened
+
+        def close(self) -> None:
+            pass
+
+    options = {
+        "kafka.bootstrap.servers": "127.0.0.1:9",
+        "subscribe": "t",
+        "gate.enabled": "false",
+        "kafka.isolation.level": "read_uncommitted",
+        "kafka.queued.min.messages": "5000",
+        "kafka.fetch.max.bytes": "1048576",
+        "kafka.fetch.wait.max.ms": "50",
+        "kafka.client.id": "payments-report",
+    }
+    source = GatedKafkaStreamReader(options, headers=False)
+    monkeypatch.setattr(source_module, "Consumer", RecordingConsumer)
+    with pytest.raises(Opened):
+        list(source.read(OffsetRange("t", 0, 0, 10)))
+    (config,) = configs
+    for key, value in options.items():
+        if key.startswith("kafka."):
+            assert config[key[len("kafka.") :]] == value, key
