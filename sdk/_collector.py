@@ -6,7 +6,9 @@ the collector runs every few hundred records, walks every record still held each
 costs about a third of the consumer thread's time at full speed. While at least one engine
 runs, the threshold is raised to ``Options.gc_threshold``; it is put back when the last one
 stops, unless someone changed it meanwhile. Process-wide by nature, so it is an option
-(``gc_threshold=None`` leaves the collector alone).
+(``gc_threshold=None`` leaves the collector alone). A collector the application turned off
+is left as it is too: a threshold of 0 disables automatic collection (raising it would turn
+collection back on), and so does ``gc.disable()``.
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ _set: int | None = None
 
 
 def raise_threshold(threshold: int | None) -> bool:
-    """Raise generation 0's threshold to ``threshold`` (never lower it); returns whether the
-    caller must call :func:`restore` later."""
+    """Raise generation 0's threshold to ``threshold`` (never lower it, never turn a disabled
+    collector on); returns whether the caller must call :func:`restore` later."""
     global _users, _saved, _set
     if threshold is None:
         return False
     with _lock:
         if _users == 0:
             current = gc.get_threshold()
-            if current[0] < threshold:
+            if gc.isenabled() and 0 < current[0] < threshold:
                 _saved, _set = current, threshold
                 gc.set_threshold(threshold, *current[1:])
             else:

@@ -132,7 +132,8 @@ class Options:
     to this (from the interpreter's 700) and put back afterwards: the engine allocates a few
     objects per record, and each collection walks every record still held, so the default
     makes the collector cost about a third of the consumer thread's time. Process-wide; None
-    leaves the collector alone."""
+    leaves the collector alone, as does an application's own threshold of 0 or
+    ``gc.disable()`` (automatic collection stays off)."""
 
     def __post_init__(self) -> None:
         def bad(name: str, message: str) -> OptionsError:
