@@ -154,3 +154,48 @@ def gate_config(
 def serve_gate(config: GateConfig) -> ServedGate:
     """The gate service and its HTTP API on a free loopback port, in a background thread."""
     return ServedGate(GateService(config))
+
+
+def transactions(kafka: Kafka, topic: str, *steps: tuple[str, int]) -> Producer:
+    """Transactions on partition 0, one per step: ("commit", n), ("abort", n) or ("open", n)
+    (the last step only: begun, produced and delivered, left open). Values name the step and
+    the record (``commit0-3``). Returns the producer, to end an open transaction with."""
+    producer = kafka.producer(**{"transactional.id": unique("tx")})
+    producer.init_transactions(30)
+    for number, (kind, count) in enumerate(steps):
+        producer.begin_transaction()
+        for i in range(count):
+            producer.produce(topic, value=f"{kind}{number}-{i}".encode(), partition=0)
+        producer.flush(30)  # delivered: an aborted transaction's records are in the log too
+        if kind == "commit":
+            producer.commit_transaction(30)
+        elif kind == "abort":
+            producer.abort_transaction(30)
+    return producer
+
+
+def aborted_records_visible(kafka: Kafka, topic: str) -> bool:
+    """Whether a read_committed consumer of partition 0 (written by :func:`transactions`) is
+    handed records of aborted transactions (Tansu 0.6 does: its fetch responses list no
+    aborted transactions)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": unique("probe"),
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    values: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        for _ in range(100):
+            messages = consumer.consume(100, 1.0)
+            values.extend(m.value() for m in messages if m.error() is None)
+            if any(m.error() is not None for m in messages):  # the end of the partition
+                break
+        else:
+            raise AssertionError(f"{topic}[0]: no end of partition")
+    finally:
+        consumer.close()
+    return any(value.startswith(b"abort") for value in values)

@@ -15,7 +15,7 @@ import pytest
 
 from sdk import Gate, Options, Ordering, ParallelConsumer, Record, RetriableError, TerminalError
 from tests.sdk.engine_support import CONSUMER, FedSource, Recorder, read_all, start_engine
-from tests.support import Kafka, unique, wait_until
+from tests.support import Kafka, aborted_records_visible, transactions, unique, wait_until
 
 # ---- a watermark that goes down --------------------------------------------------------
 
@@ -174,24 +174,20 @@ def test_a_record_that_keeps_failing_holds_back_only_its_own_key(
 # ---- transactional topics ------------------------------------------------------------------
 
 
-def test_the_commit_passes_transaction_markers_and_aborted_records(kafka: Kafka) -> None:
-    """A committed transaction of 20 records, an aborted one of 5, a committed one of 10: the
-    engine (read_committed, librdkafka's default) processes the 30 committed records and
+@pytest.mark.parametrize("aborted", [False, True], ids=["committed", "with-aborted"])
+def test_the_commit_passes_transaction_markers_and_aborted_records(
+    kafka: Kafka, aborted: bool
+) -> None:
+    """Committed transactions of 20 and 10 records (with an aborted one of 5 between them):
+    the engine (read_committed, librdkafka's default) processes the 30 committed records and
     commits the end of the partition, past the markers, as a plain consumer would (lag 0)."""
     topic = kafka.create_topic(1)
-    producer = kafka.producer(**{"transactional.id": unique("tx")})
-    producer.init_transactions(10)
-    for count, commit in ((20, True), (5, False), (10, True)):
-        producer.begin_transaction()
-        for i in range(count):
-            producer.produce(topic, value=b"%d" % i, partition=0)
-        producer.flush(10)
-        if commit:
-            producer.commit_transaction(10)
-        else:
-            producer.abort_transaction(10)
+    middle = [("abort", 5)] if aborted else []
+    transactions(kafka, topic, ("commit", 20), *middle, ("commit", 10))
+    if aborted and aborted_records_visible(kafka, topic):
+        pytest.skip(f"{kafka.broker.name} hands aborted records to read_committed consumers")
     end = _end_offset(kafka, topic)
-    assert end >= 38, f"the log should end after three markers, at {end}"
+    assert end == (38 if aborted else 32), f"the log should end after its markers, at {end}"
     recorder = Recorder()
     engine = start_engine(kafka.bootstrap, topic, recorder, Options())
     try:
@@ -204,6 +200,16 @@ def test_the_commit_passes_transaction_markers_and_aborted_records(kafka: Kafka)
     finally:
         engine.stop()
     assert len(recorder.calls) == 30, "an aborted record was processed"
+
+
+def test_whether_the_broker_hides_aborted_records_from_read_committed_consumers(
+    kafka: Kafka,
+) -> None:
+    """Tansu 0.6 hands aborted records to read_committed consumers (the test above skips
+    there): this fails once a Tansu that hides them is in use, so its skip can go."""
+    topic = kafka.create_topic(1)
+    transactions(kafka, topic, ("commit", 2), ("abort", 2), ("commit", 1))
+    assert aborted_records_visible(kafka, topic) == (kafka.broker.name == "tansu")
 
 
 def _end_offset(kafka: Kafka, topic: str) -> int:

@@ -26,8 +26,8 @@ restarting. After every step it checks:
   within the window; what the core reports as committed is what the broker has;
 * the loop does not spin: a short wait is always for a record it can start then.
 
-After every stop, no record of the stopped consumer is kept alive (by a failure it kept, by
-anything that outlives the consumer). At the end, with the gate open and every handler
+At the end of each example, no record of its stopped consumers is kept alive (by a failure
+it kept, by anything that outlives a consumer). At the end, with the gate open and every handler
 succeeding, everything not held for good (a terminal failure with no dead-letter topic) is
 processed and committed, up to the end of each log (past its transaction markers).
 """
@@ -479,10 +479,6 @@ class ShellMachine(RuleBasedStateMachine):
             self.turn()
         assert self.engine is None, "the consumer did not stop within its drain timeout"
         self.check_commits()
-        gc.collect()  # (the stopped engine itself is garbage: its callbacks refer to it)
-        mine = {id(m) for log in self.cluster.logs.values() for m in log}
-        left = sum(1 for o in gc.get_objects() if type(o) is Entry and id(o.payload) in mine)
-        assert left == 0, f"{left} records of the stopped consumer are kept alive"
         self.start_engine()
 
     # ---- invariants ---------------------------------------------------------------------
@@ -569,10 +565,7 @@ class ShellMachine(RuleBasedStateMachine):
             self.turn()
             if self.engine is None:
                 return
-            for item in list(engine.runner.running.values()):
-                for entry in item.entries:
-                    self.done.add((entry.tp, entry.offset))
-                engine.runner.report(item, [None] * len(item.entries))
+            self.succeed_everything_running(engine)
             self.turn()
             if not engine.core.outstanding and self.all_committed(engine):
                 break
@@ -587,11 +580,28 @@ class ShellMachine(RuleBasedStateMachine):
             committed = self.cluster.commits.get(tp, (0, ""))[0]
             assert committed == end, f"{tp} stalled: committed {committed}, log ends at {end}"
         engine.stop(drain=False, wait=False)
+        del engine  # (what the check below counts)
         for _ in range(20):
             if self.engine is None:
                 break
             self.clock.advance(0.05)
             self.turn()
+        assert self.engine is None, "the consumer did not stop"
+        self.nothing_kept_alive()
+
+    def nothing_kept_alive(self) -> None:
+        """No record of a stopped consumer of this example is kept alive (by a failure it
+        kept, by anything that outlives the consumer)."""
+        gc.collect()  # (a stopped engine itself is garbage: its callbacks refer to it)
+        mine = {id(m) for log in self.cluster.logs.values() for m in log}
+        left = sum(1 for o in gc.get_objects() if type(o) is Entry and id(o.payload) in mine)
+        assert left == 0, f"{left} records of stopped consumers are kept alive"
+
+    def succeed_everything_running(self, engine: SimEngine) -> None:
+        for item in list(engine.runner.running.values()):
+            for entry in item.entries:
+                self.done.add((entry.tp, entry.offset))
+            engine.runner.report(item, [None] * len(item.entries))
 
     def all_committed(self, engine: SimEngine) -> bool:
         stuck_tps = {entry.tp for entry in engine.core.stuck}

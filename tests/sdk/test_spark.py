@@ -18,7 +18,14 @@ from gate import GateService, Snapshot  # noqa: E402
 from gate._local import free_port  # noqa: E402
 from gate._serve import ServedGate  # noqa: E402
 from sdk.spark import ProgressCommitter, _cap, kafka_ending_offsets, local_session  # noqa: E402
-from tests.support import Kafka, gate_config, unique, wait_until  # noqa: E402
+from tests.support import (  # noqa: E402
+    Kafka,
+    aborted_records_visible,
+    gate_config,
+    transactions,
+    unique,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="module")
@@ -406,24 +413,6 @@ def test_the_progress_committer_passes_callables_through_and_fails_fast(kafka: K
 # ---- transactions and the isolation level ------------------------------------------------
 
 
-def transactions(kafka: Kafka, topic: str, *steps: tuple[str, int]):  # type: ignore[no-untyped-def]
-    """Transactions on partition 0, one per step: ("commit", n), ("abort", n) or ("open", n)
-    (the last step only: begun, produced and delivered, left open). Values name the step and
-    the record (``commit0-3``). Returns the producer, to end an open transaction with."""
-    producer = kafka.producer(**{"transactional.id": unique("tx")})
-    producer.init_transactions(30)
-    for number, (kind, count) in enumerate(steps):
-        producer.begin_transaction()
-        for i in range(count):
-            producer.produce(topic, value=f"{kind}{number}-{i}".encode(), partition=0)
-        producer.flush(30)  # delivered: an aborted transaction's records are in the log too
-        if kind == "commit":
-            producer.commit_transaction(30)
-        elif kind == "abort":
-            producer.abort_transaction(30)
-    return producer
-
-
 def stable_offset(kafka: Kafka, topic: str) -> int:
     """Partition 0's last stable offset as the broker reports it (ListOffsets, read_committed)."""
     from confluent_kafka import IsolationLevel, TopicPartition
@@ -450,29 +439,7 @@ def require_stable_offset(kafka: Kafka, topic: str, expected: int) -> None:
 def require_aborted_records_hidden(kafka: Kafka, topic: str) -> None:
     """Skip on a broker that hands aborted records to read_committed consumers (Tansu 0.6 does:
     its fetch responses list no aborted transactions)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka.bootstrap,
-            "group.id": unique("probe"),
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
-    values: list[bytes] = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        for _ in range(100):
-            messages = consumer.consume(100, 1.0)
-            values.extend(m.value() for m in messages if m.error() is None)
-            if any(m.error() is not None for m in messages):  # the end of the partition
-                break
-        else:
-            raise AssertionError(f"{topic}[0]: no end of partition")
-    finally:
-        consumer.close()
-    if any(value.startswith(b"abort") for value in values):
+    if aborted_records_visible(kafka, topic):
         pytest.skip(f"{kafka.broker.name} hands aborted records to read_committed consumers")
 
 
