@@ -181,7 +181,7 @@ class WorkCore:
         partitions = self.partitions
         sole_topic = self.sole_topic
         delay = self.process_delay if wall_offset is not None else 0.0
-        offset = wall_offset or 0.0
+        wall = wall_offset or 0.0
         # A fetch holds runs of one partition's records: each run is registered in one go.
         runs: list[tuple[PartitionState, list[Any], list[int]]] = []
         in_order: list[bool] = []  # for each run: whether its offsets increase
@@ -223,7 +223,7 @@ class WorkCore:
                 offsets.append(offset)
         for i in range(len(runs)):
             part, run, offsets = runs[i]
-            self._register_run(part, run, offsets, in_order[i], now, delay, offset)
+            self._register_run(part, run, offsets, in_order[i], now, delay, wall)
         return errors
 
     def _register_run(
