@@ -49,7 +49,7 @@ class Committer:
         try:
             consumer.commit(offsets=offsets, asynchronous=not sync)
         except KafkaException as exc:
-            log.warning("commit failed, will retry: %s", exc)
+            log.warning("commit failed, will retry: %s", str(exc))
             core.commit_failed(commit.tp for commit in commits)
             return
         core.commits_sent(commits)

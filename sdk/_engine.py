@@ -330,7 +330,7 @@ class ParallelConsumer(ConsumerLoop):
             try:
                 consumer.close()  # leaves the group: on_revoke commits and drops what is left
             except Exception as exc:
-                log.warning("closing the consumer: %s", exc)
+                log.warning("closing the consumer: %s", str(exc))
         if self._dead_letters is not None:
             self._dead_letters.close()
         if self._runner is not None:

@@ -189,7 +189,10 @@ class ConsumerLoop:
                 consumer.seek(TopicPartition(tp[0], tp[1], offset))
             except KafkaException as exc:
                 log.debug(
-                    "could not seek %s[%d] back to %d: keeping its records (%s)", *tp, offset, exc
+                    "could not seek %s[%d] back to %d: keeping its records (%s)",
+                    *tp,
+                    offset,
+                    str(exc),
                 )
                 continue
             forgotten = self.core.give_back(tp, offset)
@@ -216,7 +219,7 @@ class ConsumerLoop:
         try:
             found = consumer.position([TopicPartition(t, p) for t, p in tps])
         except KafkaException as exc:
-            log.debug("could not read the consumer's positions: %s", exc)
+            log.debug("could not read the consumer's positions: %s", str(exc))
             return
         self.core.positions(
             {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0 and not tp.error}
@@ -230,7 +233,7 @@ class ConsumerLoop:
         try:
             consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
         except KafkaException as exc:
-            log.debug("could not put back %s: keeping it (%s)", message.offset(), exc)
+            log.debug("could not put back %s: keeping it (%s)", message.offset(), str(exc))
             self._register([message], self._time())
 
     def _register(self, messages: list[Message], now: float) -> None:

@@ -52,7 +52,9 @@ class Rebalancer:
         try:
             found = consumer.committed(partitions, timeout=10)
         except KafkaException as exc:
-            log.warning("could not read committed offsets (%s): starting without offset maps", exc)
+            log.warning(
+                "could not read committed offsets (%s): starting without offset maps", str(exc)
+            )
             found = [TopicPartition(p.topic, p.partition) for p in partitions]
         restored = self.maps.restore(found)
         now = self.clock()
@@ -100,7 +102,9 @@ class Rebalancer:
         try:
             call([TopicPartition(t, p) for t, p in tps])
         except KafkaException as exc:
-            log.warning("%s of %s failed: %s", getattr(call, "__name__", "call"), names(tps), exc)
+            log.warning(
+                "%s of %s failed: %s", getattr(call, "__name__", "call"), names(tps), str(exc)
+            )
             self.core.fetch_unknown(tps)
             return False
         return True
