@@ -77,7 +77,7 @@ class DeadLetters:
             self._failed(entry, str(exc))
 
     def _failed(self, entry: Entry, why: str) -> None:
-        log.warning("dead-letter write of %r failed, will retry: %s", entry, why)
+        log.warning("dead-letter write of %s failed, will retry: %s", repr(entry), why)
         self._retry.append((self._clock() + RETRY_AFTER, entry))
 
     def poll(self) -> None:

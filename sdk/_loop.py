@@ -389,10 +389,10 @@ class ConsumerLoop:
 
 def _report_stuck(entry: Entry) -> None:
     log.error(
-        "%r failed for good (%s) and there is no dead-letter topic: it is held, its "
+        "%s failed for good (%s) and there is no dead-letter topic: it is held, its "
         "shard waits and the commit stays at or below offset %d. Set dead_letter_topic, or "
         "on_exhausted='skip' to drop such records.",
-        entry,
+        repr(entry),
         entry.last_error,
         entry.offset,
     )
