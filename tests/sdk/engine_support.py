@@ -153,8 +153,9 @@ class FedSource:
     def explain(self, topic: str, partition: int, offset: int) -> None:
         return None
 
-    def send(self, version: int, watermarks: dict) -> None:
+    def send(self, version: Any, watermarks: dict[Any, Any], gate: Any = "g") -> bool:
+        """Offer a snapshot as a source would; returns whether the view took it."""
         from gate import Snapshot
 
         assert self.view is not None
-        self.view.offer(Snapshot("g", version, time.time(), watermarks), self.state)
+        return self.view.offer(Snapshot(gate, version, time.time(), watermarks), self.state)

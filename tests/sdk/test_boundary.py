@@ -19,7 +19,6 @@ import operator
 import os
 import subprocess
 import sys
-import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from gate._watermark import Snapshot, SnapshotError
 from sdk import Gate, Options, Ordering, ParallelConsumer, Record
 from sdk._compiled import CORE, DIGESTS, PURE_ENV, source_digests, why_pure
 from sdk._view import SourceState, WatermarkView, plain_snapshot
+from tests.sdk.engine_support import FedSource
 from tests.support import Kafka, unique, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,25 +214,15 @@ class Level(enum.IntEnum):
     TEN = 10
 
 
-class ListSource:
+class ListSource(FedSource):
     """An application's own watermark source, fed by the test."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.state = SourceState("own")
-        self.view: WatermarkView | None = None
-
-    def start(self, view: WatermarkView) -> None:
-        self.view = view
-
-    def stop(self) -> None:
-        pass
-
-    def explain(self, topic: str, partition: int, offset: int) -> None:
-        return None
 
     def send(self, version: Any, watermarks: dict[Any, Any], gate: Any = GATE) -> bool:
-        assert self.view is not None
-        return self.view.offer(Snapshot(gate, version, time.time(), watermarks), self.state)
+        return super().send(version, watermarks, gate)
 
 
 def test_integers_of_any_type_become_plain_ints() -> None:
