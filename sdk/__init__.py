@@ -25,12 +25,14 @@ from sdk._engine import EngineError, ParallelConsumer, stop_on_signals
 from sdk._failures import DecodeError, RetriableError, TerminalError
 from sdk._gating import Gate, GateTimeout, gated
 from sdk._offsets import OffsetMapError, decode_offset_map, encode_offset_map
-from sdk._options import ExponentialBackoff, Hooks, Options, OptionsError, Ordering
+from sdk._options import CommitMode, ExponentialBackoff, Hooks, Options, OptionsError, Ordering
+from sdk._output import Output, ProduceError
 from sdk._record import Record
 from sdk._sources import EmbeddedSource, HttpSource, RedisSource
 from sdk._view import GateError, WatermarkSource
 
 __all__ = [
+    "CommitMode",
     "DecodeError",
     "EmbeddedSource",
     "EngineError",
@@ -44,7 +46,9 @@ __all__ = [
     "Options",
     "OptionsError",
     "Ordering",
+    "Output",
     "ParallelConsumer",
+    "ProduceError",
     "Record",
     "RedisSource",
     "RetriableError",

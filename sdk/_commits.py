@@ -31,15 +31,25 @@ class Committer:
         self.maps = maps
         self.hook = hook
         self.clock = clock
+        self.pending = False  # (a transactional commit may wait for items in flight)
 
-    def commit(self, consumer: Consumer, *, sync: bool, tps: Iterable[TP] | None = None) -> None:
+    def commit(
+        self,
+        consumer: Consumer,
+        *,
+        sync: bool,
+        tps: Iterable[TP] | None = None,
+        wait: float = 0.0,
+    ) -> bool:
+        """Commit what the core allows; returns whether the commit is over (always, here:
+        ``wait`` is for transactional commits, which wait for items in flight)."""
         core, maps = self.core, self.maps
         core.collect_progress(self.clock())
         if maps.enabled:
             core.refresh_offset_maps()
         commits = core.commit_points(tps, with_maps=maps.enabled)
         if not commits:
-            return
+            return True
         offsets = [
             TopicPartition(t, p, offset, metadata=metadata)
             if maps.in_metadata and metadata
@@ -51,11 +61,12 @@ class Committer:
         except KafkaException as exc:
             log.warning("commit failed, will retry: %s", str(exc))
             core.commit_failed(commit.tp for commit in commits)
-            return
+            return True
         core.commits_sent(commits)
         if sync:
             self._acknowledged(offsets)
         maps.store(commits)
+        return True
 
     def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """librdkafka's report of an asynchronous commit (served on the consumer's thread)."""

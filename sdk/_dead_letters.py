@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from sdk._core import Entry, WorkCore
+from sdk._output import Outputs
 
 log = logging.getLogger("sdk")
 
@@ -35,8 +36,10 @@ class DeadLetters:
         core: WorkCore,
         new_producer: Callable[[], Producer],
         clock: Callable[[], float] = time.time,
+        transaction: Outputs | None = None,
     ) -> None:
         self.topic = topic
+        self.transaction = transaction  # copies go into the open transaction
         self.core = core
         self._new_producer = new_producer
         self._clock = clock
@@ -46,7 +49,8 @@ class DeadLetters:
     def send(self, entry: Entry) -> None:
         """Write a copy of the record with the ``dlt.*`` headers (opens the producer lazily)."""
         if self._producer is None:
-            self._producer = self._new_producer()
+            transaction = self.transaction
+            self._producer = self._new_producer() if transaction is None else transaction.producer
         message: Message = entry.payload
         error = entry.last_error
         topic, partition = entry.tp
@@ -60,7 +64,10 @@ class DeadLetters:
         ]
 
         def delivered(err: KafkaError | None, _: Any) -> None:
-            if err is None:
+            if self.transaction is not None:
+                if err is not None:
+                    self.transaction.broken = f"a dead-letter copy failed: {err.str()}"
+            elif err is None:
                 self.core.dead_lettered(entry, self._clock())
             else:
                 self._failed(entry, err.str())
@@ -75,6 +82,12 @@ class DeadLetters:
             )
         except (BufferError, KafkaException) as exc:
             self._failed(entry, str(exc))
+            return
+        if self.transaction is not None:
+            # In the open transaction: it counts as done now, its offset and the copy commit
+            # together (a failed delivery aborts the transaction).
+            self.transaction.in_transaction += 1
+            self.core.dead_lettered(entry, self._clock())
 
     def _failed(self, entry: Entry, why: str) -> None:
         log.warning("dead-letter write of %s failed, will retry: %s", repr(entry), why)
@@ -82,7 +95,7 @@ class DeadLetters:
 
     def poll(self) -> None:
         """Serve delivery reports and resend failed copies that are due."""
-        if self._producer is not None:
+        if self._producer is not None and self.transaction is None:
             self._producer.poll(0)
         if not self._retry:
             return
@@ -94,7 +107,7 @@ class DeadLetters:
                 self.send(entry)
 
     def close(self, timeout: float = 5.0) -> None:
-        if self._producer is None:
+        if self._producer is None or self.transaction is not None:
             return
         remaining = self._producer.flush(timeout)
         if remaining:

@@ -32,10 +32,12 @@ from sdk._gating import Gate
 from sdk._holds import Holds
 from sdk._loop import ConsumerLoop, EngineError
 from sdk._maps import OffsetMaps, choose_store
-from sdk._options import CONSUMER_ONLY, Options, OptionsError
+from sdk._options import CONSUMER_ONLY, CommitMode, Options, OptionsError
+from sdk._output import Outputs
 from sdk._rebalance import Rebalancer
 from sdk._runners import AsyncRunner, Runner, ThreadRunner, Work, is_coroutine_handler
 from sdk._sizing import ItemSizer
+from sdk._transactions import TransactionalCommitter, TransactionError, transactional_id
 
 log = logging.getLogger("sdk")
 
@@ -59,6 +61,7 @@ class ParallelConsumer(ConsumerLoop):
         options: Options | None = None,
         *,
         gate: Gate | None = None,
+        producer_config: Mapping[str, Any] | None = None,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         self.options = options = options or Options()
@@ -84,6 +87,8 @@ class ParallelConsumer(ConsumerLoop):
             "enable.auto.offset.store": False,
         }
         self.group = str(config["group.id"])
+        self.transactional = options.commit_mode == CommitMode.TRANSACTIONAL
+        self.producer_config = self._output_config(producer_config or {})
         self.topics = list(topics)
         self.handler = handler
         self.gate = gate
@@ -131,7 +136,21 @@ class ParallelConsumer(ConsumerLoop):
         self._stats: dict[str, Any] = {}
         self._collector: Any = None
         self._sizer = ItemSizer(options)
-        self._committer = Committer(self.core, self._maps, options.hooks.on_commit, self._now)
+        self._outputs = Outputs(self._new_output_producer, self.transactional)
+        self._committer: Committer
+        if self.transactional:
+            self._committer = TransactionalCommitter(
+                self.core,
+                self._maps,
+                options.hooks.on_commit,
+                self._now,
+                self._outputs,
+                self._settle,
+                self._rewind,
+                self._monotonic,
+            )
+        else:
+            self._committer = Committer(self.core, self._maps, options.hooks.on_commit, self._now)
         self._rebalancer = Rebalancer(
             self.core,
             self._committer,
@@ -149,6 +168,26 @@ class ParallelConsumer(ConsumerLoop):
 
     def _now(self) -> float:
         return self._time()
+
+    def _rewind(self, consumer: Consumer) -> None:
+        self._rebalancer.rewind(consumer)
+
+    def _output_config(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The producer's settings: the consumer's connection and security settings, then
+        the engine's defaults, then ``producer_config``."""
+        if not isinstance(given, Mapping):
+            raise OptionsError("producer_config: must be a mapping of librdkafka properties")
+        config = {k: v for k, v in self.config.items() if k not in CONSUMER_ONLY}
+        config.pop("fetch.queue.backoff.ms", None)
+        config["enable.idempotence"] = True  # per output partition: in order, no duplicates
+        config.update(given)
+        if self.transactional:
+            config.setdefault("transactional.id", transactional_id(self.group, self.config))
+        elif config.get("transactional.id"):
+            raise OptionsError(
+                "producer_config: transactional.id is for commit_mode=CommitMode.TRANSACTIONAL"
+            )
+        return config
 
     def _monotonic(self) -> float:
         return self._mono()
@@ -268,6 +307,11 @@ class ParallelConsumer(ConsumerLoop):
         config.setdefault("logger", KafkaLog("sdk.kafka.dlt"))
         return Producer(config)
 
+    def _new_output_producer(self) -> Producer:
+        config = dict(self.producer_config)
+        config.setdefault("logger", KafkaLog("sdk.kafka.output"))
+        return Producer(config)
+
     def _new_runner(self, work: Work) -> Runner:
         if is_coroutine_handler(self.handler):
             return AsyncRunner(work, self.options.max_concurrency, self._inbox)
@@ -289,15 +333,33 @@ class ParallelConsumer(ConsumerLoop):
         except KafkaException as exc:
             raise OptionsError(f"config: {exc.args[0].str() if exc.args else exc}") from None
         self._maps = self._committer.maps = self._rebalancer.maps = self._choose_maps()
+        if isinstance(self._committer, TransactionalCommitter):
+            if not self._maps.in_metadata:
+                log.warning(
+                    "exactly-once with offset maps kept %s: after a crash, records completed "
+                    "beyond the committed offset are processed again and their outputs "
+                    "written twice (a broker that keeps commit metadata avoids it)",
+                    "nowhere" if self._maps.kind == "none" else f"in {self._maps.kind}",
+                )
+            try:
+                self._committer.begin()
+            except TransactionError as exc:
+                raise EngineError(str(exc)) from None
         if self.options.dead_letter_topic:
             self._dead_letters = DeadLetters(
-                self.options.dead_letter_topic, self.core, self._new_producer, self._time
+                self.options.dead_letter_topic,
+                self.core,
+                self._new_producer,
+                self._time,
+                self._outputs if self.transactional else None,
             )
         if self.gate is not None:
             self._owns_gate = not self.gate._started
             self.gate.start()
             self.gate.view.add_listener(self._on_watermarks)
-        self._runner = self._new_runner(Work(self.handler, self.options))
+        work = Work(self.handler, self.options)
+        work.outputs = self._outputs
+        self._runner = self._new_runner(work)
         if self.registry is not None:
             from sdk._metrics import EngineCollector
 
@@ -326,15 +388,18 @@ class ParallelConsumer(ConsumerLoop):
             if immediate or self._error:
                 self._rebalancer.revoke_timeout = 0.0
             with contextlib.suppress(Exception):
-                self._committer.commit(consumer, sync=True)
+                self._committer.commit(consumer, sync=True, wait=self._rebalancer.revoke_timeout)
             try:
                 consumer.close()  # leaves the group: on_revoke commits and drops what is left
             except Exception as exc:
                 log.warning("closing the consumer: %s", str(exc))
+        if isinstance(self._committer, TransactionalCommitter):
+            self._committer.close()
         if self._dead_letters is not None:
             self._dead_letters.close()
         if self._runner is not None:
             self._runner.close(wait=1.0 if self._stop and self._stop[0] else 0.0)
+        self._outputs.close(timeout=5.0)
         if self._collector is not None and self.registry is not None:
             with contextlib.suppress(KeyError):
                 self.registry.unregister(self._collector)

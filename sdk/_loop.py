@@ -102,11 +102,11 @@ class ConsumerLoop:
         if self._dead_letters is not None:
             self._dead_letters.poll()
         mono = self._mono()
-        if mono - self._commit_at >= self.options.commit_interval:
-            self._commit_at = mono
+        if mono - self._commit_at >= self.options.commit_interval or self._committer.pending:
             if self._stop is None:  # (while stopping, fetched records are not registered)
                 self._note_positions()
-            self._committer.commit(self._consumer, sync=False)
+            if self._committer.commit(self._consumer, sync=False):
+                self._commit_at = mono
         self._apply_pauses()  # after the commit: collecting progress frees room
         if mono - self._give_back_at >= _GIVE_BACK_EVERY:
             self._give_back_at = mono
@@ -322,6 +322,23 @@ class ConsumerLoop:
             self._dead_letters.send(entry)
         for entry in outcome.stuck:
             _report_stuck(entry)
+
+    def _settle(self, block: float) -> None:
+        """Apply the results waiting in the inbox (waiting up to ``block`` seconds for the
+        first); commands wait for the next turn. (A transaction closes after this.)"""
+        try:
+            message = self._inbox.get(timeout=block) if block > 0 else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if message[0] in ("done", "done_many"):
+                self._handle(message, self._time())
+            else:
+                self._deferred.append(message)
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
 
     def _await_results(self, tps: set[TP], deadline: float) -> None:
         """Inside the revoke callback: apply results until no record of ``tps`` is in flight

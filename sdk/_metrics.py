@@ -4,7 +4,7 @@ from the live core, which belongs to the consumer's thread)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -125,6 +125,7 @@ class EngineCollector(Collector):
         yield from (committed, incomplete, blocking, blocked_for, buffered)
 
         yield from _gate_metrics(group, stats)
+        yield from _output_metrics(group, stats.get("outputs"))
 
         counts, total = stats["latency"]
         if counts:
@@ -135,6 +136,48 @@ class EngineCollector(Collector):
                 counts,
                 total,
             )
+
+
+def _counter(name: str, help_text: str, group: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_text, labels=["group"])
+    family.add_metric([group], value)
+    return family
+
+
+def _output_metrics(group: str, outputs: dict[str, Any] | None) -> Iterator[Metric]:
+    if not outputs:
+        return
+    yield _counter("sdk_outputs_produced", "Handler outputs produced.", group, outputs["produced"])
+    yield _counter(
+        "sdk_produce_failures",
+        "Outputs that could not be produced or were not delivered.",
+        group,
+        outputs["failures"],
+    )
+    transactions = outputs.get("transactions")
+    if not transactions:
+        return
+    yield _counter(
+        "sdk_transactions_committed", "Transactions committed.", group, transactions["committed"]
+    )
+    yield _counter(
+        "sdk_transactions_aborted",
+        "Transactions aborted (their inputs were processed again).",
+        group,
+        transactions["aborted"],
+    )
+    yield _counter(
+        "sdk_transaction_seconds",
+        "Time spent committing transactions (offsets and commit).",
+        group,
+        transactions["seconds"],
+    )
+    yield _gauge(
+        "sdk_transaction_outputs",
+        "Outputs in the last committed transaction.",
+        group,
+        transactions["last_outputs"],
+    )
 
 
 def _gauge(name: str, help_text: str, group: str, value: float) -> GaugeMetricFamily:

@@ -49,6 +49,15 @@ class Ordering(StrEnum):
     """Any record may run at any time; commits still never pass an unprocessed record."""
 
 
+class CommitMode(StrEnum):
+    CONSUMER = "consumer"
+    """At least once: the consumer commits the offsets of inputs that are done (their
+    outputs acknowledged by the broker)."""
+    TRANSACTIONAL = "transactional"
+    """Exactly once within Kafka: every ``commit_interval`` one transaction holds every output
+    produced since the last one and the offsets of the inputs that are done."""
+
+
 class OptionsError(ValueError):
     """An option is invalid; the message names it."""
 
@@ -101,6 +110,8 @@ class Options:
     stalled partitions are paused at their share and count as their share (see docs/sdk.md,
     *Back-pressure and memory*). Default: max(10,000, 4 x concurrency x batch size)."""
     commit_interval: float = 1.0
+    commit_mode: CommitMode = CommitMode.CONSUMER
+    """How handler outputs and offsets are committed (see docs/produce.md)."""
     revoke_timeout: float = 10.0
     """Seconds to wait for in-flight records of revoked partitions before letting them go."""
     max_attempts: int | None = None
@@ -143,6 +154,10 @@ class Options:
             object.__setattr__(self, "ordering", Ordering(self.ordering))
         except ValueError:
             raise bad("ordering", "must be one of partition, key, unordered") from None
+        try:
+            object.__setattr__(self, "commit_mode", CommitMode(self.commit_mode))
+        except ValueError:
+            raise bad("commit_mode", "must be one of consumer, transactional") from None
         for name in ("max_concurrency", "max_retrying", "max_item_records"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

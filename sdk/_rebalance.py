@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from sdk._commits import Committer
 from sdk._core import TP, WorkCore
@@ -49,6 +49,11 @@ class Rebalancer:
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:
             return
+        found = self._track(consumer, partitions)
+        log.info("assigned %s", names(found))
+
+    def _track(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Start tracking partitions from their committed offsets and offset maps."""
         try:
             found = consumer.committed(partitions, timeout=10)
         except KafkaException as exc:
@@ -63,21 +68,43 @@ class Rebalancer:
             self.core.assign(key, tp.offset if tp.offset >= 0 else None, restored.get(key, ()), now)
             if self.gate is not None:
                 self.core.set_limit(key, self.gate.limit(*key), now)
-        log.info("assigned %s", names(found))
+        return found
+
+    def rewind(self, consumer: Consumer) -> None:
+        """Send every assigned partition (not being revoked) back to its committed offset:
+        what the core held is forgotten (results still to come are ignored) and fetched
+        again. A partition without a committed offset goes back to its beginning."""
+        tps = [tp for tp, part in self.core.partitions.items() if not part.revoked]
+        if not tps:
+            return
+        self.core.revoke(tps)
+        self.core.drop(tps)
+        found = self._track(consumer, [TopicPartition(t, p) for t, p in tps])
+        for tp in found:
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            try:
+                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            except KafkaException as exc:
+                log.warning(
+                    "could not send %s[%d] back to %d: %s", tp.topic, tp.partition, offset, exc
+                )
+        log.info("sent %s back to their committed offsets", names(found))
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = {(p.topic, p.partition) for p in partitions}
         if not tps:
             return
         self.core.revoke(tps)
-        self.await_results(tps, self.monotonic() + self.revoke_timeout)
+        deadline = self.monotonic() + self.revoke_timeout
+        self.await_results(tps, deadline)
         left = tps & self.core.in_flight_partitions()
         if left:
             log.warning(
                 "revoking %s with records still in flight: they will be processed again",
                 names(left),
             )
-        self.committer.commit(consumer, sync=True, tps=tps)
+        wait = max(0.0, deadline - self.monotonic())
+        self.committer.commit(consumer, sync=True, tps=tps, wait=wait)
         self.core.drop(tps)
         log.info("revoked %s", names(tps))
 

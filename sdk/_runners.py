@@ -32,6 +32,7 @@ from typing import Any
 
 from sdk._failures import DecodeError, RetriableError, TerminalError
 from sdk._options import Options
+from sdk._output import Deliveries, Outputs, ProduceError, TransactionLock, outputs_of
 from sdk._record import Record, batch_records
 from sdk._shards import NOT_STARTED, Entry, Item
 
@@ -81,6 +82,7 @@ class Work:
         self.check_decoding = options.on_decode_error == "dead_letter" and any(self.deserializers)
         hooks = options.hooks
         self.plain = hooks.before_handle is None and hooks.after_handle is None
+        self.outputs: Outputs | None = None  # the engine's producer of handler outputs
 
     @staticmethod
     def may_start(entry: Entry) -> bool:
@@ -143,9 +145,9 @@ class Work:
 
     def run(self, item: Item) -> list[Any]:
         """Run an item's records one after another, records that join it while it runs
-        included; a failure stops the rest of its shard. Until a record fails,
-        ``item.finished`` counts the records done so far (the consumer's thread reads it, so
-        a long item's commits need not wait for its end)."""
+        included; a failure stops the rest of its shard. Until a record fails or has outputs
+        to wait for, ``item.finished`` counts the records done so far (the consumer's thread
+        reads it, so a long item's commits need not wait for its end)."""
         entries = item.entries
         if self.batch:
             return self.run_batch(entries)
@@ -155,6 +157,8 @@ class Work:
         handler, plain, check_decoding = self.handler, self.plain, self.check_decoding
         key_deserializer, value_deserializer = self.deserializers
         may_start = self.may_start
+        deliveries = self.deliveries()
+        awaiting: dict[int, Record] = {}
         for entry in entries:
             if (stopped and self.stopped(entry, stopped)) or not may_start(entry):
                 results.append(NOT_STARTED)
@@ -165,24 +169,96 @@ class Work:
             if error is None:
                 try:
                     if plain:
-                        handler(record)
+                        returned = handler(record)
                     else:
                         self.hook("before_handle", record)
-                        handler(record)
+                        returned = handler(record)
                         self.hook("after_handle", record)
                 except BaseException as exc:  # SystemExit too: a worker must never die of it
                     error = exc
                 else:
-                    results.append(None)
-                    if not failed:
-                        item.finished = len(results)
-                    continue
+                    if returned is not None:
+                        error = self.emit(returned, deliveries, len(results), record, awaiting)
+                    if error is None:
+                        results.append(None)
+                        if not failed and not awaiting:
+                            item.finished = len(results)
+                        continue
             results.append(error)
             failed = True
             self.failed(record, error)
             if self.ordered:
                 stopped.add(self.stop_mark(entry))
+        if awaiting:
+            assert deliveries is not None and self.outputs is not None
+            self.acknowledged(entries, results, awaiting, deliveries.wait(self.outputs_closed))
         return results
+
+    # ---- outputs ------------------------------------------------------------------------
+
+    def deliveries(self) -> Deliveries | None:
+        """What an item's outputs wait for (at least once); None when nothing is awaited."""
+        outputs = self.outputs
+        return None if outputs is None or outputs.transactional else Deliveries()
+
+    @property
+    def transaction_lock(self) -> TransactionLock | None:
+        outputs = self.outputs
+        return None if outputs is None else outputs.lock
+
+    def outputs_closed(self) -> bool:
+        return self.outputs is None or self.outputs.closed
+
+    def emit(
+        self,
+        returned: Any,
+        deliveries: Deliveries | None,
+        index: int,
+        record: Any,
+        awaiting: dict[int, Any],
+    ) -> BaseException | None:
+        """Produce the outputs a handler returned for the record (or batch) at ``index``;
+        returns the failure of its input, if any."""
+        outputs = self.outputs
+        if outputs is None:
+            return None
+        try:
+            found = outputs_of(returned)
+        except TypeError as exc:
+            return exc
+        if not found:
+            return None
+        problem = outputs.send(found, deliveries, index)
+        if problem is not None:
+            return ProduceError(problem)
+        if deliveries is not None:
+            awaiting[index] = record
+        return None
+
+    def acknowledged(
+        self,
+        entries: list[Entry],
+        results: list[Any],
+        awaiting: dict[int, Record],
+        errors: dict[int, str] | None,
+    ) -> None:
+        """Apply the delivery reports of an item's outputs: an input whose outputs failed
+        fails, and the records of its shard after it in the item go back unstarted (they run
+        again after it, so their outputs keep the order of their inputs)."""
+        if errors is None:  # the producer closed: no input with outputs is done
+            errors = dict.fromkeys(awaiting, "the consumer closed before they were acknowledged")
+        if not errors:
+            return
+        stopped: set[object] = set()
+        for i, entry in enumerate(entries[: len(results)]):
+            if i in errors and i in awaiting:
+                error = ProduceError(f"an output was not delivered: {errors[i]}")
+                results[i] = error
+                self.failed(awaiting[i], error)
+                if self.ordered:
+                    stopped.add(self.stop_mark(entry))
+            elif results[i] is None and stopped and self.stopped(entry, stopped):
+                results[i] = NOT_STARTED
 
     def prepare_batch(self, entries: list[Entry]) -> tuple[list[Any], list[Record], list[int]]:
         """Records of a batch that may run, and results already known: undecodable records,
@@ -230,35 +306,70 @@ class Work:
         most = self.options.max_attempts
         return most is not None and any(record.attempt >= most for record in records)
 
-    def call_batch(self, records: list[Record]) -> BaseException | None:
-        """Call a batch handler (with the hooks around it); returns what it raised."""
+    def call_batch(
+        self, records: list[Record], deliveries: Deliveries | None, awaiting: dict[int, Any]
+    ) -> BaseException | None:
+        """Call a batch handler (with the hooks around it) and produce its outputs; returns
+        what it raised, or the outputs' failure."""
         try:
             if self.plain:
-                self.handler(records)
+                returned = self.handler(records)
             else:
                 for record in records:
                     self.hook("before_handle", record)
-                self.handler(records)
+                returned = self.handler(records)
                 for record in records:
                     self.hook("after_handle", record)
         except BaseException as exc:  # SystemExit too: a worker must never die of it
             return exc
-        return None
+        if returned is None:
+            return None
+        return self.emit(returned, deliveries, len(awaiting), records, awaiting)
 
     def run_batch(self, entries: list[Entry]) -> list[Any]:
         results, records, runnable = self.prepare_batch(entries)
         if records:
-            error = self.call_batch(records)
+            deliveries = self.deliveries()
+            awaiting: dict[int, list[Record]] = {}  # the outputs of each handler call
+            error = self.call_batch(records, deliveries, awaiting)
             if error is not None and self.isolates(error, records):
                 forget_frames(error)
                 for i, record in zip(runnable, records, strict=True):
-                    alone = self.call_batch([record])
+                    alone = self.call_batch([record], deliveries, awaiting)
                     if alone is not None:
                         results[i] = alone
                         self.failed(record, alone)
             elif error is not None:
                 self.batch_failed(results, records, runnable, error)
+            if awaiting:
+                assert deliveries is not None and self.outputs is not None
+                errors = deliveries.wait(self.outputs_closed)
+                self.batch_acknowledged(results, records, runnable, awaiting, errors)
         return results
+
+    def batch_acknowledged(
+        self,
+        results: list[Any],
+        records: list[Record],
+        runnable: list[int],
+        awaiting: dict[int, list[Record]],
+        errors: dict[int, str] | None,
+    ) -> None:
+        """A handler call whose outputs failed fails every record it was given."""
+        if errors is None:
+            errors = dict.fromkeys(awaiting, "the consumer closed before they were acknowledged")
+        where = {id(record): i for i, record in zip(runnable, records, strict=True)}
+        for call, why in errors.items():
+            given = awaiting.get(call)
+            if given is None:
+                continue
+            error = ProduceError(f"an output was not delivered: {why}")
+            for record in given:
+                i = where[id(record)]
+                if results[i] is None:
+                    results[i] = error
+                    self.failed(record, error, forget=False)
+            forget_frames(error)
 
 
 class ThreadRunner:
@@ -291,6 +402,9 @@ class ThreadRunner:
             item = items.get()
             if item is None:
                 return
+            lock = self.work.transaction_lock
+            if lock is not None:
+                lock.enter()  # (left once its results are in the inbox)
             started = time.perf_counter()
             try:
                 results = run(item)
@@ -301,6 +415,8 @@ class ThreadRunner:
             count = max(1, len(results))  # records joined after its last look did not run
             latency.observe(seconds / count, 1 if self.work.batch else count)
             inbox.put(("done", item.id, results, seconds, count))
+            if lock is not None:
+                lock.leave()
             del item, results  # (the last item's records are not kept while the worker waits)
 
     def submit(self, item: Item) -> None:
@@ -345,6 +461,7 @@ class AsyncRunner:
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._finished: list[tuple[Any, ...]] = []  # results waiting to cross to the inbox
+        self._entered = 0  # of their items, how many hold the transaction lock
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="handler-loop", daemon=True
         )
@@ -374,9 +491,15 @@ class AsyncRunner:
     async def _run(self, item: Item) -> None:
         """Run one item and always report it, whatever happens: records the item did not get
         to (the runner closing) get no result, which the core counts as not started."""
+        lock = self.work.transaction_lock
+        entered = False
         started = time.perf_counter()
         results: list[Any] = []
         try:
+            if lock is not None:
+                while not lock.try_enter():  # a transaction is closing: wait for the next one
+                    await asyncio.sleep(0.001)
+                entered = True  # (left once its results are in the inbox)
             if self.work.batch:
                 results = await self._run_batch(item.entries)
             else:
@@ -394,17 +517,30 @@ class AsyncRunner:
         if not self._finished:  # results of one loop iteration cross threads together
             self.loop.call_soon(self._flush)
         self._finished.append(("done", item.id, results, seconds, count))
+        self._entered += entered
         self._start_more()
 
     def _flush(self) -> None:
         finished, self._finished = self._finished, []
         self.inbox.put(("done_many", finished))
+        entered, self._entered = self._entered, 0
+        lock = self.work.transaction_lock
+        for _ in range(entered):
+            assert lock is not None
+            lock.leave()
 
-    async def _call(self, argument: Any) -> BaseException | None:
+    async def _call(
+        self,
+        argument: Any,
+        deliveries: Deliveries | None,
+        index: int,
+        awaiting: dict[int, Any],
+    ) -> BaseException | None:
+        """Call the handler and produce its outputs; returns the failure, if any."""
         try:
-            outcome = self.work.handler(argument)
-            if inspect.isawaitable(outcome):
-                await outcome
+            returned = self.work.handler(argument)
+            if inspect.isawaitable(returned):
+                returned = await returned
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -412,13 +548,25 @@ class AsyncRunner:
             return exc  # raised by the handler itself: a failure like any other
         except BaseException as exc:
             return exc
-        return None
+        if returned is None:
+            return None
+        return self.work.emit(returned, deliveries, index, argument, awaiting)
+
+    async def _acknowledgements(self, deliveries: Deliveries) -> dict[int, str] | None:
+        work = self.work
+        while not deliveries.settled:
+            if work.outputs_closed():
+                return None
+            await asyncio.sleep(0.002)
+        return deliveries.wait(work.outputs_closed)
 
     async def _run_single(self, item: Item, results: list[Any]) -> None:
         """Appends one result per record to ``results`` as it goes."""
         work = self.work
         stopped: set[object] = set()
         failed = False
+        deliveries = work.deliveries()
+        awaiting: dict[int, Record] = {}
         for entry in item.entries:
             if (stopped and work.stopped(entry, stopped)) or not work.may_start(entry):
                 results.append(NOT_STARTED)
@@ -428,40 +576,52 @@ class AsyncRunner:
             error = work.undecodable(record)
             if error is None:
                 work.hook("before_handle", record)
-                error = await self._call(record)
+                error = await self._call(record, deliveries, len(results), awaiting)
                 if error is None:
                     work.hook("after_handle", record)
             results.append(error)
             if error is None:
-                if not failed:
+                if not failed and not awaiting:
                     item.finished = len(results)
             else:
                 failed = True
                 work.failed(record, error)
                 if work.ordered:
                     stopped.add(work.stop_mark(entry))
+        if awaiting:
+            assert deliveries is not None
+            errors = await self._acknowledgements(deliveries)
+            work.acknowledged(item.entries, results, awaiting, errors)
 
     async def _run_batch(self, entries: list[Entry]) -> list[Any]:
         work = self.work
         results, records, runnable = work.prepare_batch(entries)
         if records:
-            error = await self._call_batch(records)
+            deliveries = work.deliveries()
+            awaiting: dict[int, list[Record]] = {}
+            error = await self._call_batch(records, deliveries, awaiting)
             if error is not None and work.isolates(error, records):
                 forget_frames(error)
                 for i, record in zip(runnable, records, strict=True):
-                    alone = await self._call_batch([record])
+                    alone = await self._call_batch([record], deliveries, awaiting)
                     if alone is not None:
                         results[i] = alone
                         work.failed(record, alone)
             elif error is not None:
                 work.batch_failed(results, records, runnable, error)
+            if awaiting:
+                assert deliveries is not None
+                errors = await self._acknowledgements(deliveries)
+                work.batch_acknowledged(results, records, runnable, awaiting, errors)
         return results
 
-    async def _call_batch(self, records: list[Record]) -> BaseException | None:
+    async def _call_batch(
+        self, records: list[Record], deliveries: Deliveries | None, awaiting: dict[int, Any]
+    ) -> BaseException | None:
         work = self.work
         for record in records:
             work.hook("before_handle", record)
-        error = await self._call(records)
+        error = await self._call(records, deliveries, len(awaiting), awaiting)
         if error is None:
             for record in records:
                 work.hook("after_handle", record)

@@ -47,7 +47,31 @@ def snapshot(consumer: ParallelConsumer, now: float, wall: float) -> dict[str, A
         if consumer._holds is None
         else (list(consumer._holds.latency.counts), consumer._holds.latency.total),
         "gate": None if consumer.gate is None else gate_stats(consumer.gate),
+        "outputs": output_stats(consumer),
     }
+
+
+def output_stats(consumer: ParallelConsumer) -> dict[str, Any]:
+    """Outputs produced and failed; in transactional mode, the transactions too."""
+    outputs = consumer._outputs
+    found: dict[str, Any] = {
+        "mode": consumer.options.commit_mode.value,
+        "produced": outputs.produced,
+        "failures": outputs.failures,
+    }
+    committer = consumer._committer
+    if hasattr(committer, "aborted"):
+        found["transactions"] = {
+            "committed": committer.committed,
+            "aborted": committer.aborted,
+            "seconds": committer.seconds,
+            "last_seconds": committer.last_seconds,
+            "last_outputs": committer.last_outputs,
+            "outputs_committed": committer.outputs_committed,
+            "last_abort": committer.last_abort,
+            "open_outputs": outputs.in_transaction,
+        }
+    return found
 
 
 def latency(consumer: ParallelConsumer) -> tuple[list[int], float]:
