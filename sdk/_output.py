@@ -197,6 +197,12 @@ class TransactionLock:
     def holders(self) -> int:
         return self._holders
 
+    @property
+    def closing(self) -> bool:
+        """A close waits: a running item starts no further record (they go back unstarted,
+        in order), so the close waits for at most one record per worker."""
+        return self._closing
+
 
 class Outputs:
     """The producer of handler outputs (and, in transactional mode, of dead-letter copies),

@@ -159,8 +159,13 @@ class Work:
         may_start = self.may_start
         deliveries = self.deliveries()
         awaiting: dict[int, Record] = {}
+        lock = self.transaction_lock
         for entry in entries:
-            if (stopped and self.stopped(entry, stopped)) or not may_start(entry):
+            if (
+                (stopped and self.stopped(entry, stopped))
+                or not may_start(entry)
+                or (lock is not None and lock.closing and results)
+            ):
                 results.append(NOT_STARTED)
                 failed = True  # (what ``item.finished`` counts ends here)
                 continue
@@ -567,8 +572,13 @@ class AsyncRunner:
         failed = False
         deliveries = work.deliveries()
         awaiting: dict[int, Record] = {}
+        lock = work.transaction_lock
         for entry in item.entries:
-            if (stopped and work.stopped(entry, stopped)) or not work.may_start(entry):
+            if (
+                (stopped and work.stopped(entry, stopped))
+                or not work.may_start(entry)
+                or (lock is not None and lock.closing and results)
+            ):
                 results.append(NOT_STARTED)
                 failed = True
                 continue
