@@ -37,7 +37,7 @@ from sdk._output import Outputs
 from sdk._rebalance import Rebalancer
 from sdk._runners import AsyncRunner, Runner, ThreadRunner, Work, is_coroutine_handler
 from sdk._sizing import ItemSizer
-from sdk._transactions import TransactionalCommitter, TransactionError, transactional_id
+from sdk._transactions import TransactionalCommitter, transactional_id
 
 log = logging.getLogger("sdk")
 
@@ -341,10 +341,7 @@ class ParallelConsumer(ConsumerLoop):
                     "written twice (a broker that keeps commit metadata avoids it)",
                     "nowhere" if self._maps.kind == "none" else f"in {self._maps.kind}",
                 )
-            try:
-                self._committer.begin()
-            except TransactionError as exc:
-                raise EngineError(str(exc)) from None
+            self._committer.begin()  # (a TransactionError is an EngineError)
         if self.options.dead_letter_topic:
             self._dead_letters = DeadLetters(
                 self.options.dead_letter_topic,

@@ -107,14 +107,20 @@ class Deliveries:
     """The acknowledgements one item waits for, by the index of the record they belong to
     (delivery reports arrive on the producer's polling thread)."""
 
-    __slots__ = ("_done", "_errors", "_lock", "_pending")
+    __slots__ = ("_calls", "_done", "_errors", "_lock", "_pending")
 
     def __init__(self) -> None:
+        self._calls = 0
         self._lock = threading.Lock()
         self._pending = 0
         self._errors: dict[int, str] = {}
         self._done = threading.Event()
         self._done.set()
+
+    def new_call(self) -> int:
+        """A fresh index for one batch handler call's outputs (counted apart from records)."""
+        self._calls -= 1
+        return self._calls
 
     def expect(self, index: int) -> Callable[[KafkaError | None, Any], None]:
         with self._lock:

@@ -329,7 +329,8 @@ class Work:
             return exc
         if returned is None:
             return None
-        return self.emit(returned, deliveries, len(awaiting), records, awaiting)
+        call = 0 if deliveries is None else deliveries.new_call()
+        return self.emit(returned, deliveries, call, records, awaiting)
 
     def run_batch(self, entries: list[Entry]) -> list[Any]:
         results, records, runnable = self.prepare_batch(entries)
@@ -631,7 +632,8 @@ class AsyncRunner:
         work = self.work
         for record in records:
             work.hook("before_handle", record)
-        error = await self._call(records, deliveries, len(awaiting), awaiting)
+        call = 0 if deliveries is None else deliveries.new_call()
+        error = await self._call(records, deliveries, call, awaiting)
         if error is None:
             for record in records:
                 work.hook("after_handle", record)

@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from sdk._commits import Committer
 from sdk._core import TP, WorkCore
+from sdk._loop import EngineError
 from sdk._maps import OffsetMaps
 from sdk._output import Outputs
 
@@ -38,7 +39,7 @@ TIMEOUT = 30.0
 """Seconds a transaction call (init, send offsets, commit, abort) may take."""
 
 
-class TransactionError(RuntimeError):
+class TransactionError(EngineError):
     """The transactional producer failed for good (fenced, or unusable)."""
 
 

@@ -1,0 +1,102 @@
+"""Outputs a handler returns, and the lock that keeps a transaction's outputs with their
+inputs' offsets (pure parts: the engine's use of them is tested on real brokers)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sdk import Output
+from sdk._output import Deliveries, TransactionLock, outputs_of
+
+
+@pytest.mark.parametrize(
+    ("arguments", "complaint"),
+    [
+        ({"topic": "", "value": b"v"}, "topic"),
+        ({"topic": 3, "value": b"v"}, "topic"),
+        ({"topic": "t", "value": {"a": 1}}, "value"),
+        ({"topic": "t", "value": b"v", "key": 7}, "key"),
+        ({"topic": "t", "value": b"v", "partition": -1}, "partition"),
+        ({"topic": "t", "value": b"v", "partition": True}, "partition"),
+        ({"topic": "t", "value": b"v", "headers": [("h", 1)]}, "headers"),
+        ({"topic": "t", "value": b"v", "headers": {"h": object()}}, "headers"),
+    ],
+)
+def test_an_output_of_the_wrong_shape_is_refused_where_it_is_built(
+    arguments: dict, complaint: str
+) -> None:
+    with pytest.raises(TypeError, match=complaint):
+        Output(**arguments)
+
+
+def test_outputs_of_reads_what_a_handler_may_return() -> None:
+    one = Output("t", b"v")
+    two = Output("t", "w", key="k", headers={"h": "x"}, partition=0)
+    assert outputs_of(one) == [one]
+    assert outputs_of([one, two]) == [one, two]
+    assert outputs_of((two,)) == [two]
+    # Return values that hold no Output at all are ignored (handlers from before outputs).
+    for ignored in (None, 3, "text", [], [1, 2], {"a": one}):
+        assert outputs_of(ignored) == []
+    with pytest.raises(TypeError, match="list holding int"):
+        outputs_of([one, 3])
+
+
+class _Error:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def str(self) -> str:
+        return self.text
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=30))
+def test_deliveries_settle_once_every_expected_report_arrived(
+    reports: list[tuple[int, bool]],
+) -> None:
+    deliveries = Deliveries()
+    callbacks = [(index, ok, deliveries.expect(index)) for index, ok in reports]
+    failed: dict[int, str] = {}
+    for index, ok, callback in callbacks:
+        assert not deliveries.settled
+        callback(None if ok else _Error(f"e{index}"), None)  # type: ignore[arg-type]
+        if not ok:
+            failed.setdefault(index, f"e{index}")
+    assert deliveries.settled
+    assert deliveries.wait(lambda: False) == failed
+
+
+def test_deliveries_give_up_when_the_producer_closes() -> None:
+    deliveries = Deliveries()
+    deliveries.expect(0)
+    assert deliveries.wait(lambda: True) is None
+
+
+def test_a_closing_transaction_waits_for_its_holders_and_holds_back_new_ones() -> None:
+    lock = TransactionLock()
+    lock.enter()
+    assert not lock.close()  # a holder: the transaction cannot close yet
+    assert lock.closing
+    assert not lock.try_enter()  # no new item starts while it waits
+    entered = threading.Event()
+
+    def worker() -> None:
+        lock.enter()
+        entered.set()
+        lock.leave()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert not entered.wait(0.1)
+    lock.leave()
+    assert lock.wait_closed(1.0)
+    assert lock.close()
+    assert not entered.is_set()  # still closed: the waiting worker goes on only after reopen
+    lock.reopen()
+    assert entered.wait(5)
+    thread.join(5)
+    assert lock.holders == 0
