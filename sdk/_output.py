@@ -260,7 +260,10 @@ class Outputs:
         """Produce one input's outputs; returns why it failed (the input fails), or None. In
         transactional mode (``deliveries`` None) a failure after some of them went into the
         transaction breaks the transaction (it is aborted, its inputs processed again)."""
-        producer = self.producer
+        try:
+            producer = self.producer
+        except KafkaException as exc:
+            return f"the producer could not be created: {_text(exc)} (check producer_config)"
         sent = 0
         for output in outputs:
             callback = self._counted if deliveries is None else deliveries.expect(index)
@@ -303,9 +306,7 @@ class Outputs:
                     return f"the producer's queue stayed full producing to {output.topic}"
                 time.sleep(0.005)  # (the polling thread frees room as acknowledgements come)
             except (KafkaException, TypeError, ValueError) as exc:
-                error = exc.args[0] if exc.args else exc
-                text = error.str() if isinstance(error, KafkaError) else str(error)
-                return f"producing to {output.topic}: {text}"
+                return f"producing to {output.topic}: {_text(exc)}"
 
     def _counted(self, error: KafkaError | None, _: Any) -> None:
         if error is not None:
@@ -322,6 +323,11 @@ class Outputs:
         self._closed = True
         if self._poller is not None:
             self._poller.join(1.0)
+
+
+def _text(exc: BaseException) -> str:
+    error = exc.args[0] if exc.args else exc
+    return error.str() if isinstance(error, KafkaError) else str(error)
 
 
 class _LocalError:
