@@ -33,6 +33,17 @@ class Committer:
         self.clock = clock
         self.pending = False  # (a transactional commit may wait for items in flight)
 
+    @property
+    def holding_back(self) -> bool:
+        """Whether no work may be handed out now (a transaction waits to open)."""
+        return False
+
+    def release(self) -> None:
+        """A rebalance waits for the records in flight: let waiting workers go on."""
+
+    def lost(self, consumer: Consumer) -> None:
+        """Partitions were lost (their offsets can no longer be committed)."""
+
     def commit(
         self,
         consumer: Consumer,

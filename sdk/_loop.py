@@ -263,7 +263,7 @@ class ConsumerLoop:
 
     def _dispatch(self, now: float) -> None:
         slots = self._free_slots()
-        if slots <= 0 or not self.core.has_ready(now):
+        if slots <= 0 or not self.core.has_ready(now) or self._committer.holding_back:
             return
         assert self._runner is not None
         core = self.core

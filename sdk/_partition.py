@@ -193,6 +193,16 @@ class PartitionState:
         offsets, finished = self.offsets, self.finished
         return [offsets[i] for i in range(head, len(offsets)) if finished[i]]
 
+    def restored_beyond_fetched(self) -> list[int]:
+        """Offsets the offset map restored at assignment says were completed, beyond those
+        fetched so far: every map committed keeps them (or they would run again)."""
+        first = self.highest + 1
+        found: list[int] = []
+        for low, high in self.restored:
+            if high > first:
+                found.extend(range(max(low, first), high))
+        return found
+
     def register(self, offsets: list[int], now: float) -> int:
         """Hold these fetched offsets (increasing, beyond :attr:`highest`); returns the
         sequence number of the first (the others follow it)."""
@@ -286,10 +296,10 @@ class PartitionState:
             return False
         self.map_base, self.map_changes = base, self.done_changes
         cap = None
-        if not self.done_count or base is None:
+        if (not self.done_count and not self.restored) or base is None:
             self.map_text = ""
         else:
-            done = self.completed_beyond_head()
+            done = self.completed_beyond_head() + self.restored_beyond_fetched()
             encoded = encode_offset_map(base, done, limit)
             self.map_text = encoded or ""
             if encoded is None or len(encoded) > 0.75 * limit:

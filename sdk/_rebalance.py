@@ -96,6 +96,7 @@ class Rebalancer:
             return
         self.core.revoke(tps)
         deadline = self.monotonic() + self.revoke_timeout
+        self.committer.release()
         self.await_results(tps, deadline)
         left = tps & self.core.in_flight_partitions()
         if left:
@@ -111,6 +112,7 @@ class Rebalancer:
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         self.core.drop(tps)
+        self.committer.lost(consumer)
         log.warning(
             "lost %s (no commit possible; their records will be processed again)", names(tps)
         )

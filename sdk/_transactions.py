@@ -90,6 +90,26 @@ class TransactionalCommitter(Committer):
         self.outputs_committed = 0
         self.last_abort: str | None = None
 
+    @property
+    def holding_back(self) -> bool:
+        return not self.open  # an item started now would wait for the next transaction
+
+    def release(self) -> None:
+        """Inside a revocation, which waits for the records in flight: a close waiting for
+        items lets the workers it holds back go on (records of revoked partitions do not
+        start), and closes with the revocation's own commit."""
+        if self.pending and self.open:
+            self.pending = False
+            assert self.lock is not None
+            self.lock.reopen()
+
+    def lost(self, consumer: Consumer) -> None:
+        """Outputs in the open transaction may belong to inputs of the lost partitions,
+        whose offsets can no longer be committed: abort it (the partitions still assigned
+        go back to their committed offsets)."""
+        if self.open and (self.outputs.in_transaction or self.outputs.broken):
+            self.abort(consumer, "partitions were lost with outputs in the open transaction")
+
     def begin(self) -> None:
         """Initialise the producer (fencing and aborting a predecessor's open transaction)
         and open the first transaction."""
