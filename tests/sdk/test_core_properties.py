@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import pytest
-from hypothesis import event, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -965,3 +965,33 @@ def test_a_fetch_may_mix_message_classes(ordering: Ordering) -> None:
     items = core.take(0.0, 8, ItemShape(8, 8, 8))
     taken = sorted((e.tp, e.offset) for item in items for e in item.entries)
     assert taken == sorted((m.tp, m.offset_) for m in fetch)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    committed=st.integers(0, 50),
+    done=st.sets(st.integers(1, 120), max_size=40),
+    fetched=st.integers(0, 130),
+)
+def test_a_map_committed_keeps_every_restored_offset_not_yet_fetched(
+    committed: int, done: set[int], fetched: int
+) -> None:
+    """A partition assigned with an offset map (offsets completed beyond the committed one)
+    has fetched some of its records, none processed: the map its next commit carries still
+    names every restored offset, fetched or not (else they would run a second time)."""
+    completed = sorted(o for o in done if o > committed)
+    ranges = [(o, o + 1) for o in completed]
+    part = PartitionState((TOPIC, 0), committed, ranges, Counts(), 0.0)
+    offsets = list(range(committed, committed + fetched))
+    if offsets:
+        first = part.register(offsets, 0.0)
+        for seq, offset in enumerate(offsets, first):
+            if part.take_restored(offset):
+                part.finish(seq)
+        part.advance(0.0)
+    part.refresh_map(4000)
+    base = part.committable()
+    assert base is not None
+    text = part.offset_map(base)
+    kept = set(decode_offset_map(text)[1]) if text else set()
+    assert kept == {o for o in completed if o > base}
