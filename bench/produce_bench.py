@@ -500,9 +500,10 @@ def run_engine(
     consumer.start()
     try:
         ended = finish.wait(started)
+        over = time.time()
         deadline = time.monotonic() + 5
-        while consumer.stats().get("at", 0) < time.time() - 0.3 and time.monotonic() < deadline:
-            time.sleep(0.01)  # a snapshot taken after the end
+        while consumer.stats().get("at", 0) <= over and time.monotonic() < deadline:
+            time.sleep(0.01)  # a snapshot taken after the end (one about every half second)
         stats = consumer.stats()
     finally:
         consumer.stop(timeout=10)
