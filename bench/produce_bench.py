@@ -639,7 +639,7 @@ def main() -> None:
     parser.add_argument(
         "--slow-records", type=int, default=5_000, help="inputs of the 5 ms workload"
     )
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", choices=sorted(WORKLOADS))
     args = parser.parse_args()
     results: dict[str, Any] = {
