@@ -52,6 +52,7 @@ test: lint
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.gate_bench
 	$(BIN)/python -m bench.engine_bench
+	$(BIN)/python -m bench.produce_bench
 	$(BIN)/python -m bench.gating_bench
 	$(BIN)/python -m bench.spark_bench
 
