@@ -180,6 +180,7 @@ class ParallelConsumer(ConsumerLoop):
         config = {k: v for k, v in self.config.items() if k not in CONSUMER_ONLY}
         config.pop("fetch.queue.backoff.ms", None)
         config["enable.idempotence"] = True  # per output partition: in order, no duplicates
+        config["linger.ms"] = 1
         config.update(given)
         if self.transactional:
             config.setdefault("transactional.id", transactional_id(self.group, self.config))

@@ -22,8 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -40,56 +39,75 @@ class ProduceError(Exception):
     delivery report's error). It fails the input like a handler's exception."""
 
 
-@dataclass(frozen=True, slots=True)
-class Output:
+class _Fields(NamedTuple):
+    topic: str
+    value: bytes | str | None
+    key: bytes | str | None
+    headers: Headers | None
+    partition: int | None
+
+
+_PLAIN = (bytes, str, type(None))
+
+
+class Output(_Fields):
     """A record for the engine to produce: return one (or a list) from a handler.
 
     ``value`` and ``key`` are bytes, str (encoded as UTF-8) or None; ``headers`` a mapping or a
     list of (name, value) pairs; ``partition`` None lets the producer's partitioner choose
-    (by key)."""
+    (by key). A wrong type raises ``TypeError`` where it is built (failing the input)."""
 
-    topic: str
-    value: bytes | str | None
-    key: bytes | str | None = None
-    headers: Headers | None = None
-    partition: int | None = None
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.topic, str) or not self.topic:
-            raise TypeError(f"Output.topic must be a non-empty str (got {self.topic!r})")
-        for name in ("value", "key"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bytes | str):
-                raise TypeError(
-                    f"Output.{name} must be bytes, str or None (got {type(value).__name__}): "
-                    "serialise it in the handler"
-                )
-        if self.partition is not None and (
-            not isinstance(self.partition, int)
-            or isinstance(self.partition, bool)
-            or self.partition < 0
+    def __new__(
+        cls,
+        topic: str,
+        value: bytes | str | None,
+        key: bytes | str | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+    ) -> Output:
+        if (type(topic) is not str and not isinstance(topic, str)) or not topic:
+            raise TypeError(f"Output.topic must be a non-empty str (got {topic!r})")
+        if type(value) not in _PLAIN and not isinstance(value, bytes | str):
+            raise TypeError(_not_serialised("value", value))
+        if type(key) not in _PLAIN and not isinstance(key, bytes | str):
+            raise TypeError(_not_serialised("key", key))
+        if partition is not None and (
+            type(partition) is not int or partition < 0  # (a bool is not a partition)
         ):
-            raise TypeError(f"Output.partition must be None or an int >= 0 ({self.partition!r})")
-        headers = self.headers
+            raise TypeError(f"Output.partition must be None or an int >= 0 ({partition!r})")
         if headers is not None:
-            pairs = headers.items() if isinstance(headers, Mapping) else headers
-            for pair in pairs:
-                if (
-                    not isinstance(pair, tuple)
-                    or len(pair) != 2
-                    or not isinstance(pair[0], str)
-                    or not (pair[1] is None or isinstance(pair[1], bytes | str))
-                ):
-                    raise TypeError(
-                        f"Output.headers: each header is (str, bytes | str | None), got {pair!r}"
-                    )
+            _check_headers(headers)
+        return tuple.__new__(cls, (topic, value, key, headers, partition))
+
+
+def _not_serialised(name: str, value: object) -> str:
+    return (
+        f"Output.{name} must be bytes, str or None (got {type(value).__name__}): serialise it "
+        "in the handler"
+    )
+
+
+def _check_headers(headers: Headers) -> None:
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    for pair in pairs:
+        if (
+            not isinstance(pair, tuple)
+            or len(pair) != 2
+            or not isinstance(pair[0], str)
+            or not (pair[1] is None or isinstance(pair[1], bytes | str))
+        ):
+            raise TypeError(
+                f"Output.headers: each header is (str, bytes | str | None), got {pair!r}"
+            )
 
 
 def outputs_of(returned: Any) -> list[Output]:
     """The outputs in a handler's return value. Values that hold no ``Output`` at all are
     ignored (a handler written before outputs existed may return anything); a list mixing
     outputs with other values is an error."""
-    if isinstance(returned, Output):
+    if type(returned) is Output:
         return [returned]
     if isinstance(returned, list | tuple) and returned:
         found = [value for value in returned if isinstance(value, Output)]
@@ -104,54 +122,55 @@ def outputs_of(returned: Any) -> list[Output]:
 
 
 class Deliveries:
-    """The acknowledgements one item waits for, by the index of the record they belong to
-    (delivery reports arrive on the producer's polling thread)."""
+    """The acknowledgements one item waits for, by the index of the record they belong to.
+    Delivery reports arrive on the producer's polling thread and are appended to a list (an
+    atomic step): no lock is taken per output."""
 
-    __slots__ = ("_calls", "_done", "_errors", "_lock", "_pending")
+    __slots__ = ("_calls", "_done", "_expected", "_final", "_reports")
 
     def __init__(self) -> None:
         self._calls = 0
-        self._lock = threading.Lock()
-        self._pending = 0
-        self._errors: dict[int, str] = {}
+        self._expected = 0  # outputs produced (the worker's count)
+        self._final = 1 << 62  # the count to wake the worker at, once it waits
+        self._reports: list[tuple[int, str] | None] = []
         self._done = threading.Event()
-        self._done.set()
 
     def new_call(self) -> int:
         """A fresh index for one batch handler call's outputs (counted apart from records)."""
         self._calls -= 1
         return self._calls
 
-    def expect(self, index: int) -> Callable[[KafkaError | None, Any], None]:
-        with self._lock:
-            self._pending += 1
-            self._done.clear()
+    def callback(self, index: int) -> Callable[[KafkaError | None, Any], None]:
+        """The delivery callback of the outputs of the record (or call) at ``index``."""
+        reports, done = self._reports, self._done
 
         def delivered(error: KafkaError | None, _: Any) -> None:
-            with self._lock:
-                if error is not None:
-                    self._errors.setdefault(index, error.str())
-                self._pending -= 1
-                if self._pending == 0:
-                    self._done.set()
+            reports.append(None if error is None else (index, error.str()))
+            if len(reports) >= self._final:
+                done.set()
 
         return delivered
 
-    def failed(self, index: int, why: str) -> None:
-        with self._lock:
-            self._errors.setdefault(index, why)
+    def produced(self) -> None:
+        self._expected += 1
 
     @property
     def settled(self) -> bool:
-        return self._done.is_set()
+        return len(self._reports) >= self._expected
 
     def wait(self, closed: Callable[[], bool]) -> dict[int, str] | None:
         """Block until every output is acknowledged (or failed); the errors by record index,
         or None when the producer closed first (no input with outputs is done)."""
-        while not self._done.wait(0.1):
-            if closed():
+        self._final = self._expected
+        while len(self._reports) < self._final:
+            self._done.wait(0.05)
+            if closed() and len(self._reports) < self._final:
                 return None
-        return self._errors
+        errors: dict[int, str] = {}
+        for report in self._reports:
+            if report is not None:
+                errors.setdefault(*report)
+        return errors
 
 
 class TransactionLock:
@@ -258,61 +277,91 @@ class Outputs:
 
     def send(self, outputs: list[Output], deliveries: Deliveries | None, index: int) -> str | None:
         """Produce one input's outputs; returns why it failed (the input fails), or None. In
-        transactional mode (``deliveries`` None) a failure after some of them went into the
-        transaction breaks the transaction (it is aborted, its inputs processed again)."""
+        transactional mode (``deliveries`` None) no delivery is reported: a failed one makes
+        the transaction's commit fail (it is aborted, its inputs processed again); a failure
+        after some of them went into the transaction breaks the transaction."""
         try:
-            producer = self.producer
+            produce = self.producer.produce
         except KafkaException as exc:
             return f"the producer could not be created: {_text(exc)} (check producer_config)"
+        callback = None if deliveries is None else deliveries.callback(index)
         sent = 0
-        for output in outputs:
-            callback = self._counted if deliveries is None else deliveries.expect(index)
-            problem = self._produce(producer, output, callback)
-            if problem is not None:
-                if deliveries is not None:
-                    callback(_LocalError(problem), None)  # (its expectation is settled)
-                elif sent:
-                    self.broken = f"an input's outputs went into it in part: {problem}"
-                with self._counting:
-                    self.failures += 1
-                return problem
+        for topic, value, key, headers, partition in outputs:
+            try:
+                if headers is None:
+                    if callback is None:
+                        produce(topic, value, key, -1 if partition is None else partition)
+                    else:
+                        produce(topic, value, key, -1 if partition is None else partition, callback)
+                else:
+                    self._produce(produce, topic, value, key, headers, partition, callback)
+            except BufferError:
+                problem = self._when_room(produce, topic, value, key, headers, partition, callback)
+                if problem is not None:
+                    return self._failed(problem, sent, deliveries)
+            except (KafkaException, TypeError, ValueError) as exc:
+                return self._failed(f"producing to {topic}: {_text(exc)}", sent, deliveries)
+            if deliveries is not None:
+                deliveries.produced()
             sent += 1
-        with self._counting:
-            self.produced += sent
-            if deliveries is None:
-                self.in_transaction += sent
+        self.produced += sent  # (a statistic: an increment lost to a race is harmless)
+        if deliveries is None:
+            self.in_transaction += sent
         return None
 
+    @staticmethod
     def _produce(
-        self, producer: Producer, output: Output, callback: Callable[[Any, Any], None]
-    ) -> str | None:
-        arguments: dict[str, Any] = {"value": output.value, "on_delivery": callback}
-        if output.key is not None:
-            arguments["key"] = output.key
-        if output.headers is not None:
-            headers = output.headers
+        produce: Callable[..., None],
+        topic: str,
+        value: Any,
+        key: Any,
+        headers: Headers | None,
+        partition: int | None,
+        callback: Callable[..., None] | None,
+    ) -> None:
+        arguments: dict[str, Any] = {"partition": -1 if partition is None else partition}
+        if callback is not None:
+            arguments["on_delivery"] = callback
+        if headers is not None:
             arguments["headers"] = (
-                list(headers.items()) if isinstance(headers, Mapping) else (list(headers))
+                list(headers.items()) if isinstance(headers, Mapping) else list(headers)
             )
-        if output.partition is not None:
-            arguments["partition"] = output.partition
+        produce(topic, value, key, **arguments)
+
+    def _when_room(
+        self,
+        produce: Callable[..., None],
+        topic: str,
+        value: Any,
+        key: Any,
+        headers: Headers | None,
+        partition: int | None,
+        callback: Callable[..., None] | None,
+    ) -> str | None:
+        """The producer's queue is full: wait for room (the polling thread frees it as
+        acknowledgements come) for up to 30 s."""
         deadline = time.monotonic() + _QUEUE_FULL_WAIT
-        while True:
+        while time.monotonic() < deadline and not self._closed:
+            time.sleep(0.005)
             try:
-                producer.produce(output.topic, **arguments)
+                self._produce(produce, topic, value, key, headers, partition, callback)
                 return None
             except BufferError:
-                if time.monotonic() >= deadline or self._closed:
-                    return f"the producer's queue stayed full producing to {output.topic}"
-                time.sleep(0.005)  # (the polling thread frees room as acknowledgements come)
+                continue
             except (KafkaException, TypeError, ValueError) as exc:
-                return f"producing to {output.topic}: {_text(exc)}"
+                return f"producing to {topic}: {_text(exc)}"
+        return f"the producer's queue stayed full producing to {topic}"
 
-    def _counted(self, error: KafkaError | None, _: Any) -> None:
-        if error is not None:
-            with self._counting:
-                self.failures += 1
-            self.broken = f"an output's delivery failed: {error.str()}"
+    def _failed(self, problem: str, sent: int, deliveries: Deliveries | None) -> str:
+        with self._counting:
+            self.failures += 1
+        if deliveries is None and sent:
+            self.broken = f"an input's outputs went into it in part: {problem}"
+        return problem
+
+    def delivery_failed(self, count: int) -> None:
+        with self._counting:
+            self.failures += count
 
     def close(self, timeout: float) -> None:
         producer = self._producer
@@ -328,13 +377,3 @@ class Outputs:
 def _text(exc: BaseException) -> str:
     error = exc.args[0] if exc.args else exc
     return error.str() if isinstance(error, KafkaError) else str(error)
-
-
-class _LocalError:
-    """A produce call's own failure, shaped like a delivery report's error."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def str(self) -> str:
-        return self.text

@@ -59,7 +59,10 @@ def test_deliveries_settle_once_every_expected_report_arrived(
     reports: list[tuple[int, bool]],
 ) -> None:
     deliveries = Deliveries()
-    callbacks = [(index, ok, deliveries.expect(index)) for index, ok in reports]
+    callbacks = []
+    for index, ok in reports:
+        callbacks.append((index, ok, deliveries.callback(index)))
+        deliveries.produced()
     failed: dict[int, str] = {}
     for index, ok, callback in callbacks:
         assert not deliveries.settled
@@ -72,7 +75,8 @@ def test_deliveries_settle_once_every_expected_report_arrived(
 
 def test_deliveries_give_up_when_the_producer_closes() -> None:
     deliveries = Deliveries()
-    deliveries.expect(0)
+    deliveries.callback(0)
+    deliveries.produced()
     assert deliveries.wait(lambda: True) is None
 
 
