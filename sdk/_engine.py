@@ -33,7 +33,7 @@ from sdk._holds import Holds
 from sdk._loop import ConsumerLoop, EngineError
 from sdk._maps import OffsetMaps, choose_store
 from sdk._options import CONSUMER_ONLY, CommitMode, Options, OptionsError
-from sdk._output import Outputs
+from sdk._output import Awaiting, Outputs
 from sdk._rebalance import Rebalancer
 from sdk._runners import AsyncRunner, Runner, ThreadRunner, Work, is_coroutine_handler
 from sdk._sizing import ItemSizer
@@ -137,6 +137,7 @@ class ParallelConsumer(ConsumerLoop):
         self._collector: Any = None
         self._sizer = ItemSizer(options)
         self._outputs = Outputs(self._new_output_producer, self.transactional)
+        self._acknowledging: dict[int, Awaiting] = {}  # items whose outputs are on their way
         self._committer: Committer
         if self.transactional:
             self._committer = TransactionalCommitter(

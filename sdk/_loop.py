@@ -23,12 +23,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from sdk import _stats
 from sdk._core import TP, Entry, WorkCore
+from sdk._output import Awaiting
 
 if TYPE_CHECKING:
     from sdk._commits import Committer
     from sdk._dead_letters import DeadLetters
     from sdk._holds import Holds
     from sdk._options import Options
+    from sdk._output import Outputs
     from sdk._rebalance import Rebalancer
     from sdk._runners import Runner
     from sdk._sizing import ItemSizer
@@ -62,6 +64,8 @@ class ConsumerLoop:
     _wall: Callable[[], float]
     _mono: Callable[[], float]
     _inbox: queue.SimpleQueue[tuple[Any, ...]]
+    _outputs: Outputs
+    _acknowledging: dict[int, Awaiting]
     _deferred: deque[tuple[Any, ...]]
     _consumer: Consumer | None
     _runner: Runner | None
@@ -98,6 +102,7 @@ class ConsumerLoop:
             self._fetch(0.0)
         self._drain_inbox(block=0.0)
         now = self._time()
+        self._serve_outputs(now)
         self._dispatch(now)
         if self._dead_letters is not None:
             self._dead_letters.poll()
@@ -131,6 +136,8 @@ class ConsumerLoop:
             wait = 0.02
         else:
             wait = min(0.1, self.options.commit_interval)
+        if self._acknowledging:
+            wait = _MIN_WAIT  # delivery reports do not wake the inbox: look again soon
         due = core.next_due()
         if due is not None and self._free_slots() > 0 and not core.paused_all:
             wait = min(wait, due - now)  # a parked record we could start becomes due
@@ -259,7 +266,8 @@ class ConsumerLoop:
         runner = self._runner
         if runner is None or self.paused_by_user:
             return 0
-        return self.options.max_concurrency + runner.queued_items - len(self.core.outstanding)
+        running = len(self.core.outstanding) - len(self._acknowledging)
+        return self.options.max_concurrency + runner.queued_items - running
 
     def _dispatch(self, now: float) -> None:
         slots = self._free_slots()
@@ -316,6 +324,25 @@ class ConsumerLoop:
     def _completed(self, message: tuple[Any, ...], now: float) -> None:
         _, item_id, results, seconds, count = message
         self._sizer.observe(seconds, count)
+        if type(results) is Awaiting:
+            if not results.deliveries.settled:
+                self._acknowledging[item_id] = results  # its outputs are on their way
+                return
+            results = results.settle()
+        self._apply(item_id, results, now)
+
+    def _serve_outputs(self, now: float) -> None:
+        """Serve the producer's delivery reports; items whose outputs are all acknowledged
+        (or failed) are done (their failures applied)."""
+        self._outputs.poll()
+        acknowledging = self._acknowledging
+        if not acknowledging:
+            return
+        settled = [i for i, results in acknowledging.items() if results.deliveries.settled]
+        for item_id in settled:
+            self._apply(item_id, acknowledging.pop(item_id).settle(), now)
+
+    def _apply(self, item_id: int, results: list[Any], now: float) -> None:
         outcome = self.core.complete(item_id, results, now)
         for entry in outcome.dead_letters:
             assert self._dead_letters is not None  # a dead-letter decision needs the topic
@@ -350,6 +377,7 @@ class ConsumerLoop:
                 return
             if self._dead_letters is not None:
                 self._dead_letters.poll()
+            self._serve_outputs(self._time())
             try:
                 message = self._inbox.get(timeout=0.01)
             except queue.Empty:

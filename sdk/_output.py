@@ -122,18 +122,16 @@ def outputs_of(returned: Any) -> list[Output]:
 
 
 class Deliveries:
-    """The acknowledgements one item waits for, by the index of the record they belong to.
-    Delivery reports arrive on the producer's polling thread and are appended to a list (an
-    atomic step): no lock is taken per output."""
+    """The acknowledgements of one item's outputs, by the index of the record (or batch
+    call) they belong to. The consumer's thread serves delivery reports (``Outputs.poll``);
+    each is appended to a list."""
 
-    __slots__ = ("_calls", "_done", "_expected", "_final", "_reports")
+    __slots__ = ("_calls", "_expected", "_reports")
 
     def __init__(self) -> None:
         self._calls = 0
         self._expected = 0  # outputs produced (the worker's count)
-        self._final = 1 << 62  # the count to wake the worker at, once it waits
         self._reports: list[tuple[int, str] | None] = []
-        self._done = threading.Event()
 
     def new_call(self) -> int:
         """A fresh index for one batch handler call's outputs (counted apart from records)."""
@@ -142,12 +140,10 @@ class Deliveries:
 
     def callback(self, index: int) -> Callable[[KafkaError | None, Any], None]:
         """The delivery callback of the outputs of the record (or call) at ``index``."""
-        reports, done = self._reports, self._done
+        reports = self._reports
 
         def delivered(error: KafkaError | None, _: Any) -> None:
             reports.append(None if error is None else (index, error.str()))
-            if len(reports) >= self._final:
-                done.set()
 
         return delivered
 
@@ -158,19 +154,35 @@ class Deliveries:
     def settled(self) -> bool:
         return len(self._reports) >= self._expected
 
-    def wait(self, closed: Callable[[], bool]) -> dict[int, str] | None:
-        """Block until every output is acknowledged (or failed); the errors by record index,
-        or None when the producer closed first (no input with outputs is done)."""
-        self._final = self._expected
-        while len(self._reports) < self._final:
-            self._done.wait(0.05)
-            if closed() and len(self._reports) < self._final:
-                return None
+    def errors(self) -> dict[int, str]:
+        """The failed deliveries, by record index (once :attr:`settled`)."""
         errors: dict[int, str] = {}
         for report in self._reports:
             if report is not None:
                 errors.setdefault(*report)
         return errors
+
+
+class Awaiting(list[Any]):
+    """An item's results whose records with outputs count as done only once their outputs
+    are acknowledged: the consumer's thread keeps them aside until :attr:`deliveries` are
+    settled, then :meth:`settle` applies the failures (serving delivery reports is its job:
+    no worker waits for them)."""
+
+    def __init__(
+        self,
+        results: list[Any],
+        deliveries: Deliveries,
+        settle: Callable[[list[Any], dict[int, str]], None],
+    ) -> None:
+        super().__init__(results)
+        self.deliveries = deliveries
+        self._settle = settle
+
+    def settle(self) -> list[Any]:
+        results = list(self)
+        self._settle(results, self.deliveries.errors())
+        return results
 
 
 class TransactionLock:
@@ -231,7 +243,7 @@ class TransactionLock:
 
 class Outputs:
     """The producer of handler outputs (and, in transactional mode, of dead-letter copies),
-    shared by the workers; a thread of its own serves its delivery reports."""
+    shared by the workers; the consumer's thread serves its delivery reports."""
 
     def __init__(self, new_producer: Callable[[], Producer], transactional: bool) -> None:
         self.transactional = transactional
@@ -245,7 +257,6 @@ class Outputs:
         self.failures = 0
         self.in_transaction = 0  # outputs produced into the open transaction
         self.broken: str | None = None  # why the open transaction must be aborted
-        self._poller: threading.Thread | None = None
 
     @property
     def producer(self) -> Producer:
@@ -254,10 +265,6 @@ class Outputs:
             with self._opening:
                 if self._producer is None:
                     self._producer = self._new_producer()
-                    self._poller = threading.Thread(
-                        target=self._poll, name="output-deliveries", daemon=True
-                    )
-                    self._poller.start()
                 producer = self._producer
         return producer
 
@@ -269,11 +276,11 @@ class Outputs:
     def closed(self) -> bool:
         return self._closed
 
-    def _poll(self) -> None:
-        while not self._closed:
-            producer = self._producer
-            if producer is not None:
-                producer.poll(0.05)
+    def poll(self) -> None:
+        """Serve delivery reports (on the consumer's thread, every turn of its loop)."""
+        producer = self._producer
+        if producer is not None:
+            producer.poll(0)
 
     def send(self, outputs: list[Output], deliveries: Deliveries | None, index: int) -> str | None:
         """Produce one input's outputs; returns why it failed (the input fails), or None. In
@@ -370,8 +377,6 @@ class Outputs:
             if left:
                 log.warning("%d outputs were not acknowledged before closing", left)
         self._closed = True
-        if self._poller is not None:
-            self._poller.join(1.0)
 
 
 def _text(exc: BaseException) -> str:

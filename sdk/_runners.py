@@ -32,7 +32,7 @@ from typing import Any
 
 from sdk._failures import DecodeError, RetriableError, TerminalError
 from sdk._options import Options
-from sdk._output import Deliveries, Outputs, ProduceError, TransactionLock, outputs_of
+from sdk._output import Awaiting, Deliveries, Outputs, ProduceError, TransactionLock, outputs_of
 from sdk._record import Record, batch_records
 from sdk._shards import NOT_STARTED, Entry, Item
 
@@ -195,8 +195,8 @@ class Work:
             if self.ordered:
                 stopped.add(self.stop_mark(entry))
         if awaiting:
-            assert deliveries is not None and self.outputs is not None
-            self.acknowledged(entries, results, awaiting, deliveries.wait(self.outputs_closed))
+            assert deliveries is not None
+            return Awaiting(results, deliveries, self.settle_records(entries, awaiting))
         return results
 
     # ---- outputs ------------------------------------------------------------------------
@@ -211,8 +211,21 @@ class Work:
         outputs = self.outputs
         return None if outputs is None else outputs.lock
 
-    def outputs_closed(self) -> bool:
-        return self.outputs is None or self.outputs.closed
+    def settle_records(
+        self, entries: list[Entry], awaiting: dict[int, Record]
+    ) -> Callable[[list[Any], dict[int, str]], None]:
+        def settle(results: list[Any], errors: dict[int, str]) -> None:
+            self.acknowledged(entries, results, awaiting, errors)
+
+        return settle
+
+    def settle_batch(
+        self, records: list[Record], runnable: list[int], awaiting: dict[int, list[Record]]
+    ) -> Callable[[list[Any], dict[int, str]], None]:
+        def settle(results: list[Any], errors: dict[int, str]) -> None:
+            self.batch_acknowledged(results, records, runnable, awaiting, errors)
+
+        return settle
 
     def emit(
         self,
@@ -245,15 +258,15 @@ class Work:
         entries: list[Entry],
         results: list[Any],
         awaiting: dict[int, Record],
-        errors: dict[int, str] | None,
+        errors: dict[int, str],
     ) -> None:
         """Apply the delivery reports of an item's outputs: an input whose outputs failed
         fails, and the records of its shard after it in the item go back unstarted (they run
         again after it, so their outputs keep the order of their inputs)."""
-        if errors is None:  # the producer closed: no input with outputs is done
-            errors = dict.fromkeys(awaiting, "the consumer closed before they were acknowledged")
         if not errors:
             return
+        if self.outputs is not None:
+            self.outputs.delivery_failed(len(errors))
         stopped: set[object] = set()
         for i, entry in enumerate(entries[: len(results)]):
             if i in errors and i in awaiting:
@@ -348,9 +361,8 @@ class Work:
             elif error is not None:
                 self.batch_failed(results, records, runnable, error)
             if awaiting:
-                assert deliveries is not None and self.outputs is not None
-                errors = deliveries.wait(self.outputs_closed)
-                self.batch_acknowledged(results, records, runnable, awaiting, errors)
+                assert deliveries is not None
+                return Awaiting(results, deliveries, self.settle_batch(records, runnable, awaiting))
         return results
 
     def batch_acknowledged(
@@ -359,11 +371,13 @@ class Work:
         records: list[Record],
         runnable: list[int],
         awaiting: dict[int, list[Record]],
-        errors: dict[int, str] | None,
+        errors: dict[int, str],
     ) -> None:
         """A handler call whose outputs failed fails every record it was given."""
-        if errors is None:
-            errors = dict.fromkeys(awaiting, "the consumer closed before they were acknowledged")
+        if not errors:
+            return
+        if self.outputs is not None:
+            self.outputs.delivery_failed(len(errors))
         where = {id(record): i for i, record in zip(runnable, records, strict=True)}
         for call, why in errors.items():
             given = awaiting.get(call)
@@ -509,7 +523,7 @@ class AsyncRunner:
             if self.work.batch:
                 results = await self._run_batch(item.entries)
             else:
-                await self._run_single(item, results)
+                results = await self._run_single(item, results)
         except asyncio.CancelledError:
             pass  # the runner is closing
         except BaseException as exc:
@@ -558,16 +572,9 @@ class AsyncRunner:
             return None
         return self.work.emit(returned, deliveries, index, argument, awaiting)
 
-    async def _acknowledgements(self, deliveries: Deliveries) -> dict[int, str] | None:
-        work = self.work
-        while not deliveries.settled:
-            if work.outputs_closed():
-                return None
-            await asyncio.sleep(0.002)
-        return deliveries.wait(work.outputs_closed)
-
-    async def _run_single(self, item: Item, results: list[Any]) -> None:
-        """Appends one result per record to ``results`` as it goes."""
+    async def _run_single(self, item: Item, results: list[Any]) -> list[Any]:
+        """Appends one result per record to ``results`` as it goes (returned as
+        :class:`~sdk._output.Awaiting` when outputs wait for acknowledgements)."""
         work = self.work
         stopped: set[object] = set()
         failed = False
@@ -601,8 +608,8 @@ class AsyncRunner:
                     stopped.add(work.stop_mark(entry))
         if awaiting:
             assert deliveries is not None
-            errors = await self._acknowledgements(deliveries)
-            work.acknowledged(item.entries, results, awaiting, errors)
+            return Awaiting(results, deliveries, work.settle_records(item.entries, awaiting))
+        return results
 
     async def _run_batch(self, entries: list[Entry]) -> list[Any]:
         work = self.work
@@ -622,8 +629,7 @@ class AsyncRunner:
                 work.batch_failed(results, records, runnable, error)
             if awaiting:
                 assert deliveries is not None
-                errors = await self._acknowledgements(deliveries)
-                work.batch_acknowledged(results, records, runnable, awaiting, errors)
+                return Awaiting(results, deliveries, work.settle_batch(records, runnable, awaiting))
         return results
 
     async def _call_batch(

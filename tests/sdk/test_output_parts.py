@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sdk import Output
-from sdk._output import Deliveries, TransactionLock, outputs_of
+from sdk._output import Awaiting, Deliveries, TransactionLock, outputs_of
 
 
 @pytest.mark.parametrize(
@@ -70,14 +70,28 @@ def test_deliveries_settle_once_every_expected_report_arrived(
         if not ok:
             failed.setdefault(index, f"e{index}")
     assert deliveries.settled
-    assert deliveries.wait(lambda: False) == failed
+    assert deliveries.errors() == failed
 
 
-def test_deliveries_give_up_when_the_producer_closes() -> None:
+def test_awaiting_results_apply_the_failed_deliveries_when_settled() -> None:
     deliveries = Deliveries()
-    deliveries.callback(0)
+    first, second = deliveries.callback(0), deliveries.callback(2)
     deliveries.produced()
-    assert deliveries.wait(lambda: True) is None
+    deliveries.produced()
+    seen: list[dict[int, str]] = []
+
+    def settle(results: list, errors: dict[int, str]) -> None:
+        seen.append(errors)
+        for index in errors:
+            results[index] = "failed"
+
+    waiting = Awaiting([None, None, None], deliveries, settle)
+    first(None, None)
+    assert not deliveries.settled
+    second(_Error("gone"), None)  # type: ignore[arg-type]
+    assert deliveries.settled
+    assert waiting.settle() == [None, None, "failed"]
+    assert seen == [{2: "gone"}]
 
 
 def test_a_closing_transaction_waits_for_its_holders_and_holds_back_new_ones() -> None:
