@@ -48,9 +48,11 @@ class DeadLetters:
 
     def send(self, entry: Entry) -> None:
         """Write a copy of the record with the ``dlt.*`` headers (opens the producer lazily)."""
-        if self._producer is None:
-            transaction = self.transaction
-            self._producer = self._new_producer() if transaction is None else transaction.producer
+        transaction = self.transaction
+        if transaction is not None:
+            self._producer = transaction.producer  # (replaced after a fatal error)
+        elif self._producer is None:
+            self._producer = self._new_producer()
         message: Message = entry.payload
         error = entry.last_error
         topic, partition = entry.tp

@@ -276,6 +276,11 @@ class Outputs:
     def closed(self) -> bool:
         return self._closed
 
+    def renew(self) -> None:
+        """Let the current producer go (it failed for good); the next use opens another."""
+        with self._opening:
+            self._producer = None
+
     def poll(self) -> None:
         """Serve delivery reports (on the consumer's thread, every turn of its loop)."""
         producer = self._producer

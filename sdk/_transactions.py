@@ -37,6 +37,7 @@ log = logging.getLogger("sdk")
 
 TIMEOUT = 30.0
 """Seconds a transaction call (init, send offsets, commit, abort) may take."""
+_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
 class TransactionError(EngineError):
@@ -81,6 +82,7 @@ class TransactionalCommitter(Committer):
         self.rewind = rewind
         self.monotonic = monotonic
         self.open = False
+        self.renew = False  # the producer was replaced: initialise before the next begin
         self.pending = False  # a close was asked for and waits for items in flight
         self.committed = 0
         self.aborted = 0
@@ -121,6 +123,12 @@ class TransactionalCommitter(Committer):
         self._open_next()
 
     def _open_next(self) -> None:
+        if self.renew:  # a new producer: initialise it first
+            self.renew = False
+            try:
+                self.outputs.producer.init_transactions(TIMEOUT)
+            except KafkaException as exc:
+                raise TransactionError(f"could not initialise transactions: {_text(exc)}") from None
         try:
             self.outputs.producer.begin_transaction()
         except KafkaException as exc:
@@ -229,12 +237,21 @@ class TransactionalCommitter(Committer):
             self.pending = True
 
     def _failed(self, exc: KafkaException) -> None:
+        """A fatal error: fenced by another process (it stops the consumer), or the producer
+        is unusable otherwise (a sequence out of step after the broker stalled): a new one
+        takes its place, and its initialisation aborts the old one's open transaction."""
         error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.fatal():
+        if not isinstance(error, KafkaError) or not error.fatal():
+            return
+        if error.code() in _FENCED:
             raise TransactionError(
-                f"the transactional producer failed for good: {error.str()} (another process "
-                "with the same transactional.id, or group.instance.id, may have taken over)"
+                f"the transactional producer was fenced: {error.str()} (another process with "
+                "the same transactional.id, or group.instance.id, has taken over)"
             ) from None
+        log.warning("the transactional producer failed (%s): replacing it", error.str())
+        self.open = False
+        self.renew = True
+        self.outputs.renew()
 
     def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """(Offsets are committed in transactions: the consumer commits nothing itself.)"""
