@@ -197,7 +197,10 @@ class TransactionalCommitter(Committer):
             producer.commit_transaction(TIMEOUT)
         except KafkaException as exc:
             self._failed(exc)
-            self.abort(consumer, f"the commit failed: {_text(exc)}")
+            # Whether the broker applied what timed out is unknown, and requests still in
+            # flight may land after an abort: a new producer's initialisation fences them
+            # (a new epoch) and aborts the transaction before the committed offsets are read.
+            self.abort(consumer, f"the commit failed: {_text(exc)}", renew=True)
             return True
         seconds = self.monotonic() - started
         self.committed += 1
@@ -212,9 +215,11 @@ class TransactionalCommitter(Committer):
         self._acknowledged(offsets)
         return True
 
-    def abort(self, consumer: Consumer, why: str) -> None:
+    def abort(self, consumer: Consumer, why: str, renew: bool = False) -> None:
         """Abort the open transaction and process everything after the last committed
-        offsets again (its outputs are never visible to ``read_committed`` readers)."""
+        offsets again (its outputs are never visible to ``read_committed`` readers). With
+        ``renew`` (or when aborting fails) the producer is replaced instead, and the new one
+        initialised at once: that aborts the transaction and fences the old producer."""
         self.aborted += 1
         self.last_abort = why
         log.warning(
@@ -222,13 +227,24 @@ class TransactionalCommitter(Committer):
             "offsets and their records are processed again",
             why,
         )
-        if self.open:
+        if self.open and not renew and not self.renew:
             try:
                 self.outputs.producer.abort_transaction(TIMEOUT)
             except KafkaException as exc:
                 self._failed(exc)
-                log.warning("aborting the transaction: %s", _text(exc))
-            self.open = False
+                log.warning("aborting the transaction: %s (replacing the producer)", _text(exc))
+                renew = True
+        self.open = False
+        if renew and not self.renew:
+            self.renew = True
+            self.outputs.renew()
+        if self.renew:
+            self.renew = False
+            try:
+                self.outputs.producer.init_transactions(TIMEOUT)
+            except KafkaException as exc:
+                self._failed(exc)
+                raise TransactionError(f"could not initialise transactions: {_text(exc)}") from None
         self.rewind(consumer)
         assert self.lock is not None
         if self.lock.close():

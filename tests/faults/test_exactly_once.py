@@ -14,10 +14,10 @@ kills hit open transactions). At-least-once: every input has an output, and ever
 is of an input the killed process had not committed. Figures are printed and kept in
 tests/artifacts/exactly_once.json.
 
-The last tests drive the engine in this process to pin down, each deterministically, the
-engine faults these scenarios run into (strict xfails until they are fixed). While they are
-not, a scenario whose every duplicate one of them explains (see ``Pipeline.known_faults``)
-is reported as an expected failure, and any other duplicate fails it.
+The last tests drive the engine in this process to pin down, each deterministically, what
+these scenarios found: a commit that dropped the restored offset map beyond the records
+fetched, a revocation that waited for workers held back by a closing transaction, and lost
+partitions whose outputs stayed in the open transaction.
 """
 
 from __future__ import annotations
@@ -235,13 +235,6 @@ class Pipeline:
     def alive(self, worker: Worker) -> None:
         if worker.process.poll() is None:
             return
-        log = worker.stderr(1000)
-        if "transactional producer failed for good" in log and "fenced by a newer" not in log:
-            pytest.xfail(
-                f"worker {worker.instance} stopped on a fatal producer error no other process "
-                "caused (the engine stops instead of starting a new transactional producer): "
-                + next(line for line in log.splitlines() if "failed for good" in line)
-            )
         raise AssertionError(
             f"worker {worker.instance} exited with {worker.process.returncode}:\n" + worker.stderr()
         )
@@ -361,39 +354,27 @@ class Pipeline:
                     )
         return found
 
-    def known_faults(self, committed: list[Copy], duplicates: list[tuple[int, int]]) -> str:
-        """Why each duplicate happened, if every one is a known engine fault (else "")."""
+    def why(self, duplicates: list[tuple[int, int]]) -> str:
+        """Clues to a duplicate's cause: a committed offset map had named its input completed,
+        or a run that wrote it reported its partition lost."""
         named = self.watcher.named
         lost = self.lost_partitions()
-        runs: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for copy in committed:
-            runs[copy.source].append(copy.run)
-        dropped = [d for d in duplicates if d[1] in named[d[0]]]
-        stranded = [
-            d for d in duplicates if d not in dropped and any(d[0] in lost[run] for run in runs[d])
-        ]
-        if len(dropped) + len(stranded) < len(duplicates):
-            return ""
+        dropped = sum(1 for partition, offset in duplicates if offset in named[partition])
+        stranded = sum(
+            1 for partition, _ in duplicates if any(partition in p for p in lost.values())
+        )
         return (
-            f"{len(duplicates)} inputs have two committed outputs, all known faults: "
-            f"{len(dropped)} had been named completed by a committed offset map "
-            "(test_a_commit_keeps_the_restored_offset_map_beyond_the_records_fetched); "
-            f"{len(stranded)} were written by a run that then reported their partition lost "
-            "(test_an_assignment_lost_mid_transaction_commits_none_of_its_outputs; the local "
-            "brokers also accept a removed member's transactional offset commits: they do "
-            "not check its generation)"
+            f"{dropped} named completed by a committed offset map, {stranded} of partitions a run "
+            "reported lost"
         )
 
     def check_exactly_once(self) -> dict[str, Any]:
         committed = self.read("read_committed")
         counts = self.check_copies(committed)
         duplicates = sorted(source for source, n in counts.items() if n > 1)
-        known = self.known_faults(committed, duplicates) if duplicates else ""
-        if known:
-            pytest.xfail(known)
         assert not duplicates, (
-            f"{len(duplicates)} inputs have more than one committed output, e.g. "
-            f"{[(s, [c for c in committed if c.source == s]) for s in duplicates[:3]]}"
+            f"{len(duplicates)} inputs have more than one committed output ({self.why(duplicates)}), "
+            f"e.g. {[(s, [c for c in committed if c.source == s]) for s in duplicates[:3]]}"
         )
         disorder = out_of_order(committed)
         assert not disorder, f"outputs of a key out of input order: {disorder[:5]}"
@@ -670,11 +651,6 @@ def test_broker_suspended_longer_than_the_timeouts_exactly_once(
 # ---- the engine's part, in one process ----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sdk/_partition.py refresh_map encodes only the completed records fetched so far: "
-    "the restored offset map's ranges beyond them are left out of the next commit",
-)
 def test_a_commit_keeps_the_restored_offset_map_beyond_the_records_fetched(
     kafka: Kafka,
 ) -> None:
@@ -743,12 +719,6 @@ def test_a_commit_keeps_the_restored_offset_map_beyond_the_records_fetched(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sdk/_output.py TransactionLock: a worker waits in enter() while a transaction's "
-    "close is pending, and the close can only complete on the consumer's loop, which waits "
-    "inside on_revoke for that worker's item until revoke_timeout",
-)
 def test_a_rebalance_while_a_transaction_closes_waits_only_for_running_records(
     kafka: Kafka, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -815,12 +785,6 @@ def test_a_rebalance_while_a_transaction_closes_waits_only_for_running_records(
     assert not stranded, stranded
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sdk/_rebalance.py on_lost drops the lost partitions but leaves the open "
-    "transaction open: the outputs of their inputs commit later without those inputs' "
-    "offsets, which the next owner processes again",
-)
 def test_an_assignment_lost_mid_transaction_commits_none_of_its_outputs(
     kafka: Kafka, caplog: pytest.LogCaptureFixture
 ) -> None:
