@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from prometheus_client import CollectorRegistry, generate_latest
 
 from sdk import (
     CommitMode,
@@ -721,9 +722,19 @@ def test_outputs_produced_while_a_transaction_commits_wait_for_the_next_one(
         commit_mode=CommitMode.TRANSACTIONAL,
         commit_interval=0.01,
     )
-    engine = start_engine(
-        kafka.bootstrap, source, handle if kind == "thread" else as_coroutine(handle), options
-    )
+    registry = CollectorRegistry()
+    engine = ParallelConsumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": unique("group"),
+            **CONSUMER,
+            "fetch.wait.max.ms": 10,  # records reach the engine as they come
+        },
+        [source],
+        handle if kind == "thread" else as_coroutine(handle),
+        options,
+        registry=registry,
+    ).start()
 
     def feed() -> None:
         producer = kafka.producer()
@@ -748,12 +759,20 @@ def test_outputs_produced_while_a_transaction_commits_wait_for_the_next_one(
             what="every output committed",
         )
         stats = fresh_stats(engine)["outputs"]
+        metrics = generate_latest(registry).decode()
     finally:
         engine.stop()
     assert stats["failures"] == 0
     transactions = stats["transactions"]
     assert transactions["aborted"] == 0, transactions["last_abort"]
-    assert transactions["committed"] > 20
+    assert transactions["committed"] > 20, transactions
+    group = f'{{group="{engine.group}"}}'
+    assert f"sdk_outputs_produced_total{group} {float(total)}" in metrics
+    assert f"sdk_produce_failures_total{group} 0.0" in metrics
+    assert f"sdk_transactions_committed_total{group} {float(transactions['committed'])}" in metrics
+    assert f"sdk_transactions_aborted_total{group} 0.0" in metrics
+    assert f"sdk_transaction_seconds_total{group}" in metrics
+    assert f"sdk_transaction_outputs{group}" in metrics
     messages = read_committed(kafka, out, 3, total)
     found = copies(messages)
     assert found == Counter(
