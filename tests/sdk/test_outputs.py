@@ -32,6 +32,7 @@ from sdk import (
     ParallelConsumer,
     Record,
     RetriableError,
+    decode_offset_map,
 )
 from tests.sdk.engine_support import CONSUMER, start_engine, wait_committed
 from tests.sdk.gating_support import DependencyService, Starts, violations
@@ -576,41 +577,48 @@ def test_a_dead_letter_copy_commits_with_the_transaction(kafka: Kafka) -> None:
 
 @dataclass
 class CommittedTransactions:
-    """Each committed transaction's input offsets, with the moment just before its commit
-    was asked for."""
+    """What each committed transaction committed of each input partition (its offset, and
+    the offsets its offset map marks completed beyond it), with the moment just before its
+    commit was asked for."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    committed: list[tuple[float, dict[tuple[str, int], int]]] = field(default_factory=list)
+    committed: list[tuple[float, dict[tuple[str, int], tuple[int, frozenset[int]]]]] = field(
+        default_factory=list
+    )
 
     def passed(self, topic: str, partition: int, offset: int, before: float) -> bool:
+        """Whether a transaction committed the input before ``before``."""
         with self.lock:
-            return any(
-                sent <= before and offsets.get((topic, partition), -1) > offset
-                for sent, offsets in self.committed
-            )
+            for sent, inputs in self.committed:
+                committed, completed = inputs.get((topic, partition), (-1, frozenset()))
+                if sent <= before and (committed > offset or offset in completed):
+                    return True
+        return False
 
 
 class _LoggingProducer:
-    """A transactional producer that logs the offsets of each transaction it commits."""
+    """A transactional producer that logs what each transaction it commits committed."""
 
     def __init__(self, producer: Producer, log: CommittedTransactions) -> None:
         self._producer = producer
         self._log = log
-        self._offsets: dict[tuple[str, int], int] = {}
+        self._inputs: dict[tuple[str, int], tuple[int, frozenset[int]]] = {}
 
     def send_offsets_to_transaction(self, offsets: list[TopicPartition], *args: Any) -> None:
         self._producer.send_offsets_to_transaction(offsets, *args)
-        self._offsets.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        for tp in offsets:
+            completed = decode_offset_map(tp.metadata)[1] if tp.metadata else frozenset()
+            self._inputs[(tp.topic, tp.partition)] = (tp.offset, completed)
 
     def commit_transaction(self, *args: Any) -> None:
         sent = time.monotonic()
-        offsets, self._offsets = self._offsets, {}
+        inputs, self._inputs = self._inputs, {}
         self._producer.commit_transaction(*args)
         with self._log.lock:
-            self._log.committed.append((sent, offsets))
+            self._log.committed.append((sent, inputs))
 
     def abort_transaction(self, *args: Any) -> None:
-        self._offsets = {}
+        self._inputs = {}
         self._producer.abort_transaction(*args)
 
     def __getattr__(self, name: str) -> Any:
@@ -630,8 +638,8 @@ def test_a_chain_reads_only_outputs_whose_inputs_were_committed(kafka: Kafka) ->
     """B is a plain consumer of ``in``; A (transactional, behind a gate on B) turns each input
     into an output on ``out``; D (read_committed) reads ``out``. A never starts an input before
     B committed past it; D gets every output once, and never one whose input A had not yet
-    committed (each transaction's commit is logged just before it is asked for: a strict
-    check)."""
+    committed, by its offset or its offset map (each transaction's commit is logged just
+    before it is asked for: a strict check)."""
     source, out = kafka.create_topic(2), kafka.create_topic(2)
     b_group, a_group = unique("b"), unique("a")
     service_b = DependencyService(kafka, source, b_group, 2, (0.001, 0.004), seed=4)
