@@ -415,6 +415,8 @@ class ShellMachine(RuleBasedStateMachine):
         for index in data.draw(st.permutations(range(len(running))))[:count]:
             item = running[index]
             self.finish(item, data)
+        if data.draw(st.booleans()):  # some of their outputs' reports arrive at once
+            self.deliver(data)
         self.turn()
 
     OUTCOMES = st.sampled_from(["ok", "ok", "retry", "terminal", "cancelled", "refused"])
@@ -488,14 +490,20 @@ class ShellMachine(RuleBasedStateMachine):
     def deliveries_arrive(self, data: st.DataObject) -> None:
         """Delivery reports of the oldest outputs waiting arrive: acknowledged, or failed
         (in transactional mode, the transaction must then abort)."""
-        producer = self.engine.output_producer
+        self.deliver(data)
+        self.turn()
+
+    def deliver(self, data: st.DataObject) -> None:
+        """Reports of the oldest outputs waiting arrive (if any): acknowledged or failed."""
+        producer = self.engine.output_producer if self.engine is not None else None
+        if producer is None or not producer.pending:
+            return
         count = data.draw(st.integers(1, len(producer.pending)))
         outcomes = data.draw(
-            st.lists(st.sampled_from([True, True, True, False]), min_size=count, max_size=count)
+            st.lists(st.sampled_from([True, True, False]), min_size=count, max_size=count)
         )
         producer.deliver(outcomes)
         self.report_settled()
-        self.turn()
 
     @precondition(lambda self: self.engine is not None and self.engine.runner.running)
     @rule(data=st.data(), drain=st.booleans())
@@ -647,12 +655,18 @@ class ShellMachine(RuleBasedStateMachine):
         self.engine.output_producer.fail_next = where
         self.turn()
 
-    @precondition(lambda self: self.engine is not None and self.transactional)
+    @precondition(
+        lambda self: (
+            self.engine is not None
+            and self.transactional
+            and self.engine._outputs.in_transaction > 0
+        )
+    )
     @rule()
     def another_process_fences_the_producer(self) -> None:
-        """A newer process with the same ``transactional.id`` initialises it: the broker
-        aborts the open transaction, and the consumer stops with an error at its next
-        transactional call (a new one starts later)."""
+        """A newer process with the same ``transactional.id`` initialises it while the open
+        transaction holds outputs: the broker aborts that transaction, and the consumer stops
+        with an error at its next exchange with the broker (a new one starts later)."""
         assert self.engine.output_producer is not None
         tid = self.engine.output_producer.transactional_id
         assert tid is not None
