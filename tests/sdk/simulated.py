@@ -18,11 +18,23 @@
 The clock, the inbox (a wait on it moves the clock instead of sleeping), the dead-letter
 producer and the runner (work items wait until the test reports their results) are
 simulated too, so every interleaving is reproducible.
+
+Handler outputs go through the engine's own code: a ``SimWorker`` runs an item record by
+record as ``Work.run`` does, producing what a handler returns with ``Work.emit`` (the engine's
+``Outputs``) and applying delivery reports with ``Work.acknowledged``. ``SimOutputProducer``
+stands for librdkafka's producer of outputs: delivery reports arrive only when the test
+delivers them (the ``Outputs`` polling thread is not started), and transactions follow
+librdkafka's rules: ``commit_transaction`` flushes first and fails (abortable) when a delivery
+of the transaction failed, ``abort_transaction`` purges what is in flight, a producer fenced by
+a newer one with its ``transactional.id`` fails for good. ``Transactions`` is the broker's
+side: what was written, and which transactional records a ``read_committed`` reader sees
+(only those of committed transactions).
 """
 
 from __future__ import annotations
 
 import queue
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -32,9 +44,14 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from gate._watermark import Snapshot
 from sdk import Gate, Options, ParallelConsumer
+from sdk._core import NOT_STARTED
 from sdk._failures import FailurePolicy
 from sdk._maps import OffsetMaps
+from sdk._output import Outputs
+from sdk._record import Record
+from sdk._runners import Work
 from sdk._shards import Entry, Item
+from sdk._transactions import TransactionalCommitter
 from sdk._view import SourceState
 
 TP = tuple[str, int]
@@ -115,8 +132,11 @@ class Cluster:
         self.next_offset: dict[TP, int] = dict.fromkeys(self.logs, 0)
         self.commits: dict[TP, tuple[int, str]] = {}
         self.commit_history: list[tuple[TP, int, str]] = []
+        self.commit_visible: list[int] = []  # per commit: outputs visible when it was made
         self.dead_letters: list[SimMessage] = []
         self.fetch_run = 1  # records of one partition handed over in a row by a fetch
+        self.generation = 0  # the group's generation: every rebalance moves it on
+        self.transactions = Transactions(self)
 
     def produce(
         self, partition: int, keys: Iterable[bytes | None], gap: int = 0, marker: bool = False
@@ -134,6 +154,13 @@ class Cluster:
             offset += 1
         self.next_offset[tp] = offset
 
+    def record_commit(self, tp: TP, offset: int, metadata: str) -> None:
+        """The group committed ``offset``: kept with how many records a ``read_committed``
+        reader of the outputs could see by then."""
+        self.commits[tp] = (offset, metadata)
+        self.commit_history.append((tp, offset, metadata))
+        self.commit_visible.append(len(self.transactions.visible))
+
     def records(self, tp: TP) -> list[SimMessage]:
         """The records of a partition (its control records left out)."""
         return [m for m in self.logs[tp] if not m.control]
@@ -142,8 +169,116 @@ class Cluster:
         return self.next_offset[tp]
 
 
-def _error(code: int, text: str) -> KafkaException:
-    return KafkaException(KafkaError(code, text))
+def _error(code: int, text: str, **flags: bool) -> KafkaException:
+    return KafkaException(KafkaError(code, text, **flags))
+
+
+@dataclass
+class Written:
+    """A record a producer wrote: a handler's output, or a dead-letter copy."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    txn: int | None = None  # the transaction it was written in (None: outside any)
+
+
+class Transactions:
+    """The broker's side of what producers write: the transaction coordinator (an epoch per
+    ``transactional.id``, and its open transaction) and the records a ``read_committed``
+    reader sees (``visible``: records written outside transactions, and the records of
+    committed transactions, in the order they became visible). A transaction's offsets are
+    committed with it; its dead-letter copies join ``Cluster.dead_letters`` then."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.visible: list[Written] = []
+        self.states: dict[int, str] = {}  # open, committed or aborted
+        self.written: dict[int, list[Written]] = {}  # the records of open transactions
+        self.epochs: dict[str, int] = {}
+        self.open: dict[str, int] = {}
+        self.dead_letter_topic: str | None = None
+        self.down: set[str] = set()  # topics whose records fail when a flush delivers them
+        self.on_commit: Callable[[], None] | None = None  # (a check after each commit)
+
+    def write(self, record: Written) -> None:
+        """The broker acknowledged a record (of an aborted transaction: never seen)."""
+        if record.txn is None:
+            self.visible.append(record)
+        elif self.states[record.txn] == "open":
+            self.written[record.txn].append(record)
+
+    def init(self, transactional_id: str) -> int:
+        """A producer initialises ``transactional_id``: it gets a newer epoch (fencing every
+        older producer with the id) and the id's open transaction is aborted."""
+        epoch = self.epochs.get(transactional_id, 0) + 1
+        self.epochs[transactional_id] = epoch
+        txn = self.open.get(transactional_id)
+        if txn is not None:
+            self.end(transactional_id, txn, commit=False)
+        return epoch
+
+    def fence(self, transactional_id: str) -> None:
+        """Another process with the same ``transactional.id`` initialises it."""
+        self.init(transactional_id)
+
+    def begin(self, transactional_id: str) -> int:
+        txn = len(self.states) + 1
+        self.states[txn] = "open"
+        self.written[txn] = []
+        self.open[transactional_id] = txn
+        return txn
+
+    def end(
+        self,
+        transactional_id: str,
+        txn: int,
+        commit: bool,
+        offsets: list[TopicPartition] | None = None,
+    ) -> None:
+        assert self.states[txn] == "open", f"transaction {txn} is {self.states[txn]}"
+        self.states[txn] = "committed" if commit else "aborted"
+        del self.open[transactional_id]
+        written = self.written.pop(txn)
+        if not commit:
+            return
+        cluster = self.cluster
+        self.visible.extend(written)
+        for record in written:
+            if record.topic == self.dead_letter_topic:
+                copy = SimMessage(
+                    (record.topic, record.partition),
+                    len(cluster.dead_letters),
+                    record.key,
+                    0,
+                    record.headers,
+                )
+                cluster.dead_letters.append(copy)
+        for tp in offsets or []:
+            key = (tp.topic, tp.partition)
+            metadata = (tp.metadata or "") if cluster.keeps_metadata else ""
+            cluster.record_commit(key, tp.offset, metadata)
+        if self.on_commit is not None:
+            self.on_commit()
+
+    def committed_count(self) -> int:
+        return sum(1 for state in self.states.values() if state == "committed")
+
+    def aborted_count(self) -> int:
+        return sum(1 for state in self.states.values() if state == "aborted")
+
+
+@dataclass(frozen=True)
+class SimGroupMetadata:
+    """What ``consumer_group_metadata()`` returns: the generation the consumer is in."""
+
+    generation: int
+
+
+def _abortable(code: int, text: str) -> KafkaException:
+    return _error(code, text, txn_requires_abort=True)
 
 
 class SimConsumer:
@@ -181,7 +316,11 @@ class SimConsumer:
                 continue
             self.served_rebalances += 1
             partitions = [TopicPartition(t, p) for t, p in tps]
+            if kind != "revoke":  # (a revocation is served in the generation it ends)
+                self.cluster.generation += 1
             self.callbacks[f"on_{kind}"](self, partitions)
+            if kind == "revoke":
+                self.cluster.generation += 1
             if kind == "assign":
                 for tp in tps:
                     self.assignment.add(tp)
@@ -262,8 +401,7 @@ class SimConsumer:
         for tp in offsets:
             key = (tp.topic, tp.partition)
             metadata = (tp.metadata or "") if self.cluster.keeps_metadata else ""
-            self.cluster.commits[key] = (tp.offset, metadata)
-            self.cluster.commit_history.append((key, tp.offset, metadata))
+            self.cluster.record_commit(key, tp.offset, metadata)
         if asynchronous:
             reported = [TopicPartition(tp.topic, tp.partition, tp.offset) for tp in offsets]
             self.commit_reports.append((None, reported))
@@ -277,6 +415,9 @@ class SimConsumer:
             else:
                 found.append(TopicPartition(tp.topic, tp.partition, offset))
         return found
+
+    def consumer_group_metadata(self) -> SimGroupMetadata:
+        return SimGroupMetadata(self.cluster.generation)
 
     def close(self) -> None:
         if self.assignment:
@@ -320,14 +461,324 @@ class SimProducer:
         return 0
 
 
-class SimRunner:
-    """Work items wait here until the test reports their results into the engine's inbox."""
+OUTPUT_PARTITIONS = 2
+"""Partitions of every output topic (producing to another one fails at once)."""
 
-    def __init__(self, inbox: queue.SimpleQueue, concurrency: int) -> None:  # type: ignore[type-arg]
+
+class SimOutputProducer:
+    """The engine's producer of outputs (and, in transactional mode, of dead-letter copies),
+    as librdkafka's behaves where the engine depends on it.
+
+    ``produce()`` refuses a record at once for an unknown partition, outside a transaction
+    (transactional), and once it knows it is fenced; otherwise the record waits for its
+    delivery report, which arrives only when the test calls :meth:`deliver` (or a flush, a
+    commit or an abort serves it). A transactional producer: ``commit_transaction`` flushes
+    first and fails with an abortable error when a delivery of the transaction failed;
+    ``abort_transaction`` purges what waits (reported as failed). Once a newer producer
+    initialised the same ``transactional.id``, the producer learns it at its next exchange
+    with the broker (a delivery fails, or a transactional call): from then on every call
+    fails with a fatal error. ``fail_next`` makes the next
+    ``send_offsets_to_transaction`` or ``commit_transaction`` fail with an abortable error
+    (``INVALID_PRODUCER_ID_MAPPING``, as when the broker forgot the producer id)."""
+
+    def __init__(self, cluster: Cluster, config: dict[str, Any]) -> None:
+        self.cluster = cluster
+        self.transactions = cluster.transactions
+        self.transactional_id: str | None = config.get("transactional.id")
+        self.epoch = 0
+        self.state = "ready"  # in_transaction, abortable
+        self.txn: int | None = None
+        self.pending: list[tuple[Written, Callable[..., None]]] = []
+        self.failed_deliveries = 0  # of the open transaction
+        self.offsets: list[TopicPartition] = []
+        self.fail_next: str | None = None  # "send_offsets" or "commit"
+        self.knows_fenced = False
+        self.calls: list[str] = []
+
+    @property
+    def fenced(self) -> bool:
+        tid = self.transactional_id
+        return tid is not None and self.transactions.epochs.get(tid, 0) != self.epoch
+
+    def _check(self, call: str, *states: str) -> None:
+        self.calls.append(call)
+        if self.fenced:
+            self.knows_fenced = True
+            raise _error(
+                KafkaError._FENCED,
+                "the producer was fenced by a newer one with its transactional.id",
+                fatal=True,
+            )
+        if self.state == "abortable" and "abortable" not in states:
+            raise _abortable(KafkaError._STATE, f"{call}: the transaction must be aborted")
+        if states and self.state not in states:
+            raise _error(KafkaError._STATE, f"{call}: not allowed in state {self.state}")
+
+    # ---- producing ----------------------------------------------------------------------
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        headers: list[tuple[str, Any]] | None = None,
+        partition: int | None = None,
+        on_delivery: Callable[..., None] | None = None,
+    ) -> None:
+        assert on_delivery is not None
+        if self.transactional_id is not None:
+            if self.knows_fenced:
+                raise _error(KafkaError._FATAL, "fatal error: the producer was fenced", fatal=True)
+            if self.state == "ready":
+                raise _error(KafkaError._STATE, "no transaction in progress")
+        if isinstance(key, str):
+            key = key.encode()
+        if isinstance(value, str):
+            value = value.encode()
+        if partition is None:
+            partition = zlib.crc32(key or b"") % OUTPUT_PARTITIONS
+        elif partition >= OUTPUT_PARTITIONS:
+            raise _error(KafkaError._UNKNOWN_PARTITION, f"{topic} [{partition}]: unknown partition")
+        pairs = [(name, v.encode() if isinstance(v, str) else v) for name, v in headers or []]
+        self.pending.append((Written(topic, partition, key, value, pairs, self.txn), on_delivery))
+
+    def deliver(self, outcomes: Iterable[bool], error: KafkaError | None = None) -> None:
+        """The broker answers the oldest records waiting: acknowledged (True) or failed
+        (with ``error``, by default a timeout)."""
+        for ok in outcomes:
+            written, delivered = self.pending.pop(0)
+            self._report(written, delivered, ok, error)
+
+    def _report(
+        self,
+        written: Written,
+        delivered: Callable[..., None],
+        ok: bool,
+        error: KafkaError | None = None,
+    ) -> None:
+        if ok and not self.fenced:
+            self.transactions.write(written)
+            delivered(None, written)
+            return
+        if self.fenced and error is None:
+            self.knows_fenced = True
+            error = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
+        if written.txn is not None and written.txn == self.txn:
+            self.failed_deliveries += 1
+        delivered(error or KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out"), written)
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0  # (reports are served as the test delivers them)
+
+    def flush(self, timeout: float = 0) -> int:
+        down = self.transactions.down
+        self.deliver([written.topic not in down for written, _ in self.pending])
+        return 0
+
+    # ---- transactions -------------------------------------------------------------------
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        assert self.transactional_id is not None
+        self.calls.append("init")
+        self.epoch = self.transactions.init(self.transactional_id)
+        self.state = "ready"
+
+    def begin_transaction(self) -> None:
+        self._check("begin", "ready")
+        assert self.transactional_id is not None
+        self.txn = self.transactions.begin(self.transactional_id)
+        self.state = "in_transaction"
+        self.failed_deliveries = 0
+        self.offsets = []
+
+    def send_offsets_to_transaction(
+        self, offsets: list[TopicPartition], group_metadata: Any, timeout: float = -1
+    ) -> None:
+        self._check("send_offsets", "in_transaction")
+        if self.fail_next == "send_offsets":
+            self.fail_next = None
+            self.state = "abortable"
+            raise _abortable(
+                KafkaError.INVALID_PRODUCER_ID_MAPPING,
+                "the producer id is not assigned to its transactional id",
+            )
+        if group_metadata.generation != self.cluster.generation:
+            self.state = "abortable"
+            raise _abortable(
+                KafkaError.ILLEGAL_GENERATION, "the group moved on to a newer generation"
+            )
+        self.offsets += [
+            TopicPartition(tp.topic, tp.partition, tp.offset, metadata=tp.metadata)
+            if tp.metadata
+            else TopicPartition(tp.topic, tp.partition, tp.offset)
+            for tp in offsets
+        ]
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self._check("commit", "in_transaction")
+        self.flush()
+        if self.fenced:
+            self._check("commit")
+        if self.failed_deliveries:
+            self.state = "abortable"
+            raise _abortable(
+                KafkaError._INCONSISTENT,
+                f"{self.failed_deliveries} message(s) failed delivery",
+            )
+        if self.fail_next == "commit":
+            self.fail_next = None
+            self.state = "abortable"
+            raise _abortable(
+                KafkaError.INVALID_PRODUCER_ID_MAPPING,
+                "the producer id is not assigned to its transactional id",
+            )
+        assert self.transactional_id is not None and self.txn is not None
+        self.transactions.end(self.transactional_id, self.txn, commit=True, offsets=self.offsets)
+        self.state, self.txn, self.offsets = "ready", None, []
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self._check("abort", "in_transaction", "abortable")
+        pending, self.pending = self.pending, []
+        for written, delivered in pending:
+            self._report(written, delivered, False, KafkaError(KafkaError._PURGE_QUEUE, "purged"))
+        assert self.transactional_id is not None and self.txn is not None
+        self.transactions.end(self.transactional_id, self.txn, commit=False)
+        self.state, self.txn, self.offsets = "ready", None, []
+
+
+class SimOutputs(Outputs):
+    """The engine's ``Outputs`` without its polling thread: the test serves the reports."""
+
+    @property
+    def producer(self) -> Any:
+        if self._producer is None:
+            self._producer = self._new_producer()
+        return self._producer
+
+
+class SimWorker:
+    """A worker running one item step by step, as ``Work.run`` and ``Work.run_batch`` do,
+    with the engine's own ``Work``: outputs are produced by ``Work.emit`` (through the
+    engine's ``Outputs``), delivery reports applied by ``Work.acknowledged``. Handlers are
+    given by the test, per record (or batch): ``handler(entries, record_or_records)``
+    returns what the handler returns, or raises."""
+
+    def __init__(self, work: Work, item: Item, locked: bool) -> None:
+        self.work = work
+        self.item = item
+        self.locked = locked  # it holds the transaction lock
+        self.results: list[Any] = []
+        self.stopped: set[object] = set()
+        self.failed = False
+        self.deliveries = work.deliveries()
+        self.awaiting: dict[int, Any] = {}
+        self.ended = False  # it reached the end of its item (it may wait for reports)
+        self.batch: tuple[list[Record], list[int]] | None = None
+
+    @property
+    def looked_at(self) -> int:
+        return len(self.results)
+
+    def next_entry(self) -> Entry | None:
+        entries = self.item.entries
+        return entries[len(self.results)] if len(self.results) < len(entries) else None
+
+    def step(self, handler: Callable[[list[Entry], Any], Any]) -> Entry | None:
+        """Look at the next record: run it, or report it not started (returns None)."""
+        work, item, results = self.work, self.item, self.results
+        entry = item.entries[len(results)]
+        lock = work.transaction_lock
+        if (
+            (self.stopped and work.stopped(entry, self.stopped))
+            or not work.may_start(entry)
+            or (lock is not None and lock.closing and results)
+        ):
+            results.append(NOT_STARTED)
+            self.failed = True
+            return None
+        record = work.record(entry)
+        error: BaseException | None = None
+        try:
+            returned = handler([entry], record)
+        except BaseException as exc:
+            error = exc
+        else:
+            if returned is not None:
+                error = work.emit(returned, self.deliveries, len(results), record, self.awaiting)
+            if error is None:
+                results.append(None)
+                if not self.failed and not self.awaiting:
+                    item.finished = len(results)
+                return entry
+        results.append(error)
+        self.failed = True
+        work.failed(record, error)
+        if work.ordered:
+            self.stopped.add(work.stop_mark(entry))
+        return entry
+
+    def run_batch(self, handler: Callable[[list[Entry], Any], Any]) -> None:
+        """Run the whole item as one batch (then each record alone, when the batch's failure
+        is final for its records), as ``Work.run_batch`` does."""
+        work, entries = self.work, self.item.entries
+        results, records, runnable = work.prepare_batch(entries)
+        self.results, self.batch = results, (records, runnable)
+        if not records:
+            return
+        by_record = {id(record): entries[i] for i, record in zip(runnable, records, strict=True)}
+        work.handler = lambda given: handler([by_record[id(r)] for r in given], given)
+        try:
+            error = work.call_batch(records, self.deliveries, self.awaiting)
+            if error is not None and work.isolates(error, records):
+                for i, record in zip(runnable, records, strict=True):
+                    alone = work.call_batch([record], self.deliveries, self.awaiting)
+                    if alone is not None:
+                        results[i] = alone
+                        work.failed(record, alone)
+            elif error is not None:
+                work.batch_failed(results, records, runnable, error)
+        finally:
+            work.handler = _no_handler
+
+    @property
+    def settled(self) -> bool:
+        """Every output it waits for was acknowledged (or failed)."""
+        return not self.awaiting or self.deliveries is None or self.deliveries.settled
+
+    def end(self) -> list[Any]:
+        """Its results once the reports it waits for arrived (``Work.acknowledged``)."""
+        assert self.settled
+        if self.awaiting:
+            assert self.deliveries is not None
+            errors = self.deliveries.wait(self.work.outputs_closed)
+            if self.batch is not None:
+                records, runnable = self.batch
+                self.work.batch_acknowledged(self.results, records, runnable, self.awaiting, errors)
+            else:
+                self.work.acknowledged(self.item.entries, self.results, self.awaiting, errors)
+        return self.results
+
+
+def _no_handler(argument: Any) -> None:
+    raise AssertionError("the handler runs only through SimWorker")
+
+
+class SimRunner:
+    """Work items wait here until the test reports their results into the engine's inbox,
+    directly (:meth:`report`) or through a :class:`SimWorker` (:meth:`start`)."""
+
+    def __init__(
+        self,
+        inbox: queue.SimpleQueue,  # type: ignore[type-arg]
+        concurrency: int,
+        work: Work | None = None,
+    ) -> None:
         self.inbox = inbox
+        self.work = work
         self.queued_items = max(1, concurrency // 4)
         self.latencies: list[Any] = []
         self.running: dict[int, Item] = {}
+        self.workers: dict[int, SimWorker] = {}  # items a worker has started
         self.on_submit: Callable[[Item], None] | None = None
 
     def submit(self, item: Item) -> None:
@@ -335,12 +786,31 @@ class SimRunner:
             self.on_submit(item)
         self.running[item.id] = item
 
+    def start(self, item: Item) -> SimWorker | None:
+        """A worker takes the item (its worker, if one took it already). In transactional
+        mode it enters the transaction lock first: None while a commit closes it (the
+        worker waits)."""
+        worker = self.workers.get(item.id)
+        if worker is not None:
+            return worker
+        assert self.work is not None
+        lock = self.work.transaction_lock
+        if lock is not None and not lock.try_enter():
+            return None
+        worker = self.workers[item.id] = SimWorker(self.work, item, lock is not None)
+        return worker
+
     def report(self, item: Item, results: list[Any]) -> None:
         del self.running[item.id]
+        worker = self.workers.pop(item.id, None)
         self.inbox.put(("done", item.id, results, 0.001 * len(results), len(results)))
+        if worker is not None and worker.locked:  # (left once its results are in the inbox)
+            assert self.work is not None and self.work.transaction_lock is not None
+            self.work.transaction_lock.leave()
 
     def close(self, wait: float = 0.0) -> None:
         self.running.clear()
+        self.workers.clear()
 
 
 class SimSource:
@@ -398,7 +868,7 @@ class SimEngine(ParallelConsumer):
         maps: str | None = None,
     ) -> None:
         super().__init__(
-            {"group.id": "sim", "bootstrap.servers": "sim:9092"},
+            {"group.id": "sim", "bootstrap.servers": "sim:9092", "client.id": "sim"},
             [cluster.topic],
             lambda record: None,
             options,
@@ -407,12 +877,18 @@ class SimEngine(ParallelConsumer):
         )
         self.cluster = cluster
         self.producer = producer
+        self.output_producer: SimOutputProducer | None = None
         self.maps_kind = maps or ("kafka" if cluster.keeps_metadata else "none")
         self._time = self._mono = self._wall = clock.time
         self._inbox = SimInbox(clock)
         policy = SpyPolicy(**vars(self.core.failures))
         policy.skipped = skipped if skipped is not None else set()
         self.core.failures = policy
+        self._outputs = SimOutputs(self._new_output_producer, self.transactional)
+        if isinstance(self._committer, TransactionalCommitter):
+            self._committer.outputs = self._outputs
+            self._committer.lock = self._outputs.lock
+        cluster.transactions.dead_letter_topic = options.dead_letter_topic
         self._open()
 
     def _new_consumer(self, config: dict[str, Any]) -> Any:
@@ -422,8 +898,13 @@ class SimEngine(ParallelConsumer):
     def _new_producer(self) -> Any:
         return self.producer
 
+    def _new_output_producer(self) -> Any:
+        self.output_producer = SimOutputProducer(self.cluster, self.producer_config)
+        return self.output_producer
+
     def _new_runner(self, work: Any) -> Any:
-        self.runner = SimRunner(self._inbox, self.options.max_concurrency)
+        work.handler = _no_handler
+        self.runner = SimRunner(self._inbox, self.options.max_concurrency, work)
         return self.runner
 
     def _choose_maps(self) -> OffsetMaps:

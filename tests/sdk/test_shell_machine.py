@@ -8,7 +8,19 @@ while away, failing commits, gate snapshots (newer, older, lower: while records 
 handed-out items), handler successes, failures, cancellations and hangs, partial progress of
 long items, workers that finished before a record joined their item, a handler stopping the
 consumer, the user's pause and resume, time passing, dead-letter outages, and stopping and
-restarting. After every step it checks:
+restarting.
+
+Handlers return outputs (none, one or two per record, by key), which the engine's own code
+produces (``SimWorker``: ``Work.emit``, ``Outputs``); in both commit modes. Hypothesis decides
+when their delivery reports arrive and whether they fail, and a handler may return an output
+``produce()`` refuses at once. At least once (``CommitMode.CONSUMER``), a worker waits for its
+item's reports. Exactly once (``CommitMode.TRANSACTIONAL``), workers hold the transaction
+lock while they run an item (a commit waits for them), a transaction commit may fail with an
+abortable error (``send_offsets_to_transaction`` or ``commit_transaction``: the
+``INVALID_PRODUCER_ID_MAPPING`` of confluentinc/parallel-consumer#830), and another process may
+fence the producer (the consumer stops with an error, and a new one starts).
+
+After every step it checks:
 
 * no record starts before its dependencies committed past it (its gate released it): when
   it is handed out, when it joins a running item, and when its worker starts it (a
@@ -24,7 +36,17 @@ restarting. After every step it checks:
   their share (counted as their share, so they cannot starve the others) let the records
   in memory exceed it, by one share at most; the offsets kept behind a failing head stay
   within the window; what the core reports as committed is what the broker has;
-* the loop does not spin: a short wait is always for a record it can start then.
+* the loop does not spin: a short wait is always for a record it can start then;
+* at least once: no commit passes (and no offset map lists) an input unless every output of
+  one of its handler calls had been acknowledged when the commit was made (or the input was
+  dead-lettered or skipped);
+* exactly once: the group's commits and what a ``read_committed`` reader of the outputs sees
+  agree. Every visible handler call has all its outputs visible, once. Every input below the
+  committed offset or in the committed offset map has the outputs of exactly one handler
+  call visible (or its dead-letter copy, once; nothing if it was skipped), and no input that
+  is not committed has anything visible. Without offset maps in the commit's metadata the
+  documented exception holds: an input completed beyond the committed offset has its outputs
+  visible before its offset is committed, and may be processed again (written twice).
 
 In the long exploration, at the end of each example, no record of its stopped consumers is
 kept alive (by a failure it kept, by anything that outlives a consumer). At the end, with the gate open and every handler
@@ -51,17 +73,33 @@ from hypothesis.stateful import (
 )
 
 from gate._watermark import Snapshot
-from sdk import Gate, Options, Ordering, RetriableError, TerminalError
-from sdk._core import NOT_STARTED
-from sdk._offsets import read_offset_map
+from sdk import CommitMode, Gate, Options, Ordering, Output, RetriableError, TerminalError
+from sdk._offsets import encode_offset_map, parse_base, read_offset_map
 from sdk._partition import PAUSED, WINDOW_SHARES
-from sdk._runners import Work
 from sdk._shards import Entry, Item
-from tests.sdk.simulated import TP, Clock, Cluster, SimEngine, SimProducer, sim_gate
+from sdk._transactions import TransactionError
+from tests.sdk.simulated import (
+    OUTPUT_PARTITIONS,
+    TP,
+    Clock,
+    Cluster,
+    SimEngine,
+    SimProducer,
+    Written,
+    sim_gate,
+)
 
 TOPIC = "t"
 PARTITIONS = 3
 GATE = "g"
+OUTPUT = "out"
+OUTPUTS_PER_KEY: dict[bytes | None, int] = {b"a": 1, b"b": 2, b"c": 0, None: 1}
+"""How many outputs a handler returns for a record, by its key."""
+Input = tuple[TP, int]
+LOST_PARTITIONS_ABORT_THE_TRANSACTION = False
+"""The engine does not abort the open transaction when partitions are lost (the regression
+test ``test_partitions_lost_with_outputs_in_the_open_transaction_abort_it``): until it does,
+transactional examples lose no partitions."""
 FAILURE_POLICIES: dict[str, dict[str, Any]] = {
     # A record that fails for good has nowhere to go: it is held (stuck), never committed.
     "hold": {"max_attempts": None, "on_exhausted": "dead_letter", "dead_letter_topic": None},
@@ -83,6 +121,7 @@ class ShellMachine(RuleBasedStateMachine):
         gated=st.booleans(),
         keeps_metadata=st.booleans(),
         fetch_run=st.sampled_from([1, 4]),
+        commit_mode=st.sampled_from(list(CommitMode)),
     )
     def setup(
         self,
@@ -95,8 +134,10 @@ class ShellMachine(RuleBasedStateMachine):
         gated: bool,
         keeps_metadata: bool,
         fetch_run: int,
+        commit_mode: CommitMode,
     ) -> None:
         self.options = Options(
+            commit_mode=commit_mode,
             ordering=ordering,
             max_concurrency=concurrency,
             max_buffered=buffer,
@@ -121,6 +162,17 @@ class ShellMachine(RuleBasedStateMachine):
         self.checked_letters = 0
         self.wait = 0.0
         self.joined = 0
+        self.transactional = commit_mode is CommitMode.TRANSACTIONAL
+        self.calls = 0  # handler calls (each call's outputs carry its number)
+        self.given_up: set[Input] = set()  # dead-lettered (the copy visible) or skipped
+        # What a read_committed reader of the outputs sees: per input, per handler call, the
+        # position in the visible records of each of the call's outputs.
+        self.visible_calls: dict[Input, dict[str, dict[int, int]]] = {}
+        self.copies: dict[Input, int] = {}  # dead-letter copies visible, per input
+        self.checked_visible = 0
+        self.exposed: set[Input] = set()  # visible before committed (no offset maps kept)
+        self.outputs_checked: tuple[int, int] | None = None
+        self.cluster.transactions.on_commit = self.outputs_exactly_once
         self.engine: SimEngine | None = None
         self.start_engine()
 
@@ -147,11 +199,11 @@ class ShellMachine(RuleBasedStateMachine):
         snapshot = Snapshot(GATE, self.version, self.clock.now, watermarks)
         gate.view.offer(snapshot, gate.sources[0].state)
 
-    def started(self, item: Item, entries: list[Any] | None = None) -> None:
+    def started(self, item: Item | None, entries: list[Any] | None = None) -> None:
         """The runner received an item (or records joined one): each record must be
         released by the gate."""
         gate = self.engine.gate if self.engine else None
-        for entry in item.entries if entries is None else entries:
+        for entry in item.entries if entries is None and item is not None else entries or []:
             if gate is not None and not gate.released(entry.tp[0], entry.tp[1], entry.offset):
                 self.violations.append(f"{entry} started before its gate released it")
 
@@ -178,7 +230,17 @@ class ShellMachine(RuleBasedStateMachine):
             return
         self.clock.advance(0.003)  # time passes between turns
         self.largest_share = max(getattr(self, "largest_share", 0), engine.core.share())
-        wait = engine._turn()
+        try:
+            wait = engine._turn()
+        except TransactionError as exc:
+            # A newer producer with its transactional.id fenced it: the consumer stops with
+            # the error (as ``run()`` does); a new one is started by ``start_again``.
+            assert engine.output_producer is not None and engine.output_producer.fenced, exc
+            engine._error = exc
+            engine._close()
+            self.engine = None
+            self.check_commits()
+            return
         self.largest_share = max(self.largest_share, engine.core.share())
         if wait is None:
             engine._close()
@@ -194,15 +256,17 @@ class ShellMachine(RuleBasedStateMachine):
             )
         self.check_commits()
 
-    def check_order(self, entry: Any) -> None:
-        """A worker runs ``entry``: in the ordered modes every earlier record of its shard
-        (its partition, or its key) is done, or was given up (dead-lettered or skipped)."""
+    def check_order(self, entry: Any, along: set[Input] | frozenset[Input] = frozenset()) -> None:
+        """A worker runs ``entry`` (in a batch with ``along``): in the ordered modes every
+        earlier record of its shard (its partition, or its key) is done, or was given up
+        (dead-lettered or skipped), or runs in the same batch."""
         if self.options.ordering is Ordering.UNORDERED or self.engine is None:
             return
         self.check_commits()  # takes in the dead letters acknowledged and the skips
         key = entry.payload.key()
         by_key = self.options.ordering is Ordering.KEY
         leaving = {(e.tp, e.offset) for e in self.engine.core.dead_letter_pending}
+        leaving |= self.copies_in_transaction()
         waiting = [
             m.offset_
             for m in self.cluster.records(entry.tp)
@@ -210,6 +274,7 @@ class ShellMachine(RuleBasedStateMachine):
             and (not by_key or m.key() == key)
             and (entry.tp, m.offset_) not in self.done
             and (entry.tp, m.offset_) not in leaving
+            and (entry.tp, m.offset_) not in along
         ]
         if waiting:
             self.violations.append(f"{entry} ran before {waiting} of its shard were done")
@@ -219,21 +284,103 @@ class ShellMachine(RuleBasedStateMachine):
             headers = dict(letter.headers())
             tp = (headers["dlt.original.topic"].decode(), int(headers["dlt.original.partition"]))
             self.done.add((tp, int(headers["dlt.original.offset"])))
+            self.given_up.add((tp, int(headers["dlt.original.offset"])))
         self.checked_letters = len(self.cluster.dead_letters)
         self.done |= self.skipped
+        self.given_up |= self.skipped
+        self.take_in_outputs()
         history = self.cluster.commit_history
-        for tp, offset, metadata in history[self.checked_commits :]:
-            below = [m.offset_ for m in self.cluster.records(tp) if m.offset_ < offset]
-            missing = [o for o in below if (tp, o) not in self.done]
+        for index in range(self.checked_commits, len(history)):
+            tp, offset, metadata = history[index]
+            seen = self.cluster.commit_visible[index]
+            records = self.cluster.records(tp)
+            below = [m for m in records if m.offset_ < offset]
+            missing = [m.offset_ for m in below if (tp, m.offset_) not in self.done]
             assert not missing, f"commit {tp}@{offset} passes records not done: {missing}"
             assert offset <= self.cluster.end(tp), f"commit {tp}@{offset} beyond the log"
+            unwritten = [m.offset_ for m in below if not self.outputs_written(tp, m, seen)]
+            assert not unwritten, (
+                f"commit {tp}@{offset} passes inputs whose outputs were not all acknowledged: "
+                f"{unwritten}"
+            )
             if metadata:
                 _, ranges, _ = read_offset_map(metadata)
-                listed = [o for start, stop in ranges for o in range(start, stop)]
-                logged = {m.offset_ for m in self.cluster.records(tp)}
-                wrong = [o for o in listed if o in logged and (tp, o) not in self.done]
+                listed = {o for start, stop in ranges for o in range(start, stop)}
+                logged = [m for m in records if m.offset_ in listed]
+                wrong = [m.offset_ for m in logged if (tp, m.offset_) not in self.done]
                 assert not wrong, f"offset map of {tp}@{offset} lists records not done: {wrong}"
+                unwritten = [m.offset_ for m in logged if not self.outputs_written(tp, m, seen)]
+                assert not unwritten, (
+                    f"offset map of {tp}@{offset} lists inputs whose outputs were not all "
+                    f"acknowledged: {unwritten}"
+                )
         self.checked_commits = len(history)
+
+    # ---- outputs ------------------------------------------------------------------------
+
+    def copies_in_transaction(self) -> set[Input]:
+        """Records whose dead-letter copies are in the open transaction (done for the
+        engine: the copy commits with their offsets)."""
+        producer = self.engine.output_producer if self.engine is not None else None
+        if producer is None or producer.txn is None:
+            return set()
+        written = [w for w, _ in producer.pending]
+        written += self.cluster.transactions.written.get(producer.txn, [])
+        found = set()
+        for copy in written:
+            if copy.topic == self.options.dead_letter_topic and copy.txn == producer.txn:
+                headers = dict(copy.headers)
+                tp = (
+                    headers["dlt.original.topic"].decode(),
+                    int(headers["dlt.original.partition"]),
+                )
+                found.add((tp, int(headers["dlt.original.offset"])))
+        return found
+
+    def outputs(self, entries: list[Entry]) -> list[Output]:
+        """What a handler call returns for ``entries``: its outputs say which record and
+        which call they are of."""
+        self.calls += 1
+        return [
+            Output(OUTPUT, f"{e.tp[1]}:{e.offset}:{self.calls}:{i}", key=e.payload.key())
+            for e in entries
+            for i in range(OUTPUTS_PER_KEY[e.payload.key()])
+        ]
+
+    def take_in_outputs(self) -> None:
+        """Index the outputs (and dead-letter copies) that became visible."""
+        visible = self.cluster.transactions.visible
+        for position in range(self.checked_visible, len(visible)):
+            written = visible[position]
+            if written.topic == OUTPUT:
+                assert written.value is not None
+                partition, offset, call, index = written.value.decode().split(":")
+                calls = self.visible_calls.setdefault(((TOPIC, int(partition)), int(offset)), {})
+                indices = calls.setdefault(call, {})
+                assert int(index) not in indices, f"an output written twice: {written}"
+                indices[int(index)] = position
+            elif written.topic == self.options.dead_letter_topic:
+                headers = dict(written.headers)
+                tp = (
+                    headers["dlt.original.topic"].decode(),
+                    int(headers["dlt.original.partition"]),
+                )
+                key = (tp, int(headers["dlt.original.offset"]))
+                self.copies[key] = self.copies.get(key, 0) + 1
+        self.checked_visible = len(visible)
+
+    def outputs_written(self, tp: TP, message: Any, seen: int) -> bool:
+        """Whether every output of one handler call for the input was visible (acknowledged,
+        or committed in a transaction) among the first ``seen`` visible records, or the
+        input was given up (dead-lettered or skipped)."""
+        key = (tp, message.offset_)
+        wanted = OUTPUTS_PER_KEY[message.key()]
+        if wanted == 0 or key in self.given_up:
+            return True
+        for indices in self.visible_calls.get(key, {}).values():
+            if len(indices) == wanted and max(indices.values()) < seen:
+                return True
+        return False
 
     # ---- rules --------------------------------------------------------------------------
 
@@ -258,51 +405,105 @@ class ShellMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.engine is not None and self.engine.runner.running)
     @rule(data=st.data())
     def finish_items(self, data: st.DataObject) -> None:
-        """Workers report some items: successes, failures, a cancelled coroutine, or a
-        record not started after an earlier one of its shard failed or its partition was
-        revoked."""
+        """Workers run some items to their end: successes (with their outputs), failures, a
+        cancelled coroutine, an output ``produce()`` refuses, or a record not started after
+        an earlier one of its shard failed or its partition was revoked. An item whose
+        outputs wait for their acknowledgements is reported once they arrive."""
         running = sorted(self.engine.runner.running.values(), key=lambda i: i.id)
         count = data.draw(st.integers(1, len(running)))
         # (Indices are drawn, not items: Hypothesis may keep what it draws.)
         for index in data.draw(st.permutations(range(len(running))))[:count]:
             item = running[index]
             self.finish(item, data)
+        if data.draw(st.booleans()):  # some of their outputs' reports arrive at once
+            self.deliver(data)
         self.turn()
 
-    def finish(self, item: Item, data: st.DataObject) -> None:
-        outcomes = st.sampled_from(["ok", "ok", "retry", "terminal", "cancelled"])
-        results: list[Any] = []
-        failed_shards: set[object] = set()
-        ordered = self.options.ordering is not Ordering.UNORDERED
-        batch = self.options.batch_size is not None
-        batch_outcome = data.draw(outcomes) if batch else None
-        # Records that joined the item after its worker's last look get no result.
-        seen = len(item.entries) if batch else data.draw(st.integers(0, len(item.entries)))
-        for index, entry in enumerate(item.entries[: max(seen, item.finished)]):
-            if index < item.finished:
-                results.append(None)
-                continue
-            if ordered and failed_shards and Work.stopped(entry, failed_shards) and not batch:
-                results.append(NOT_STARTED)
-                continue
-            if not Work.may_start(entry):  # as the runners do: revoked, or a lowered limit
-                results.append(NOT_STARTED)
-                continue
-            self.started(item, [entry])  # the worker starts it now
-            self.check_order(entry)
-            outcome = batch_outcome or data.draw(outcomes)
-            if outcome == "ok":
-                results.append(None)
-                self.done.add((entry.tp, entry.offset))
-            else:
-                error = {
-                    "retry": RetriableError("again"),
-                    "terminal": TerminalError("never"),
-                    "cancelled": asyncio.CancelledError(),
-                }[outcome]
-                results.append(error)
-                failed_shards.add(Work.stop_mark(entry))  # as the runners do
-        self.engine.runner.report(item, results)
+    OUTCOMES = st.sampled_from(["ok", "ok", "retry", "terminal", "cancelled", "refused"])
+
+    def handler(self, data: st.DataObject | None, outcome: str | None = None) -> Any:
+        """A handler for ``SimWorker``: checks that the records may run now, then draws what
+        happens (or does ``outcome``)."""
+
+        def handle(entries: list[Entry], argument: Any) -> Any:
+            along = {(e.tp, e.offset) for e in entries} if len(entries) > 1 else frozenset()
+            for entry in entries:
+                self.started(None, [entry])  # the worker starts it now
+                self.check_order(entry, along)
+            happens = outcome or (data.draw(self.OUTCOMES) if data is not None else "ok")
+            if happens == "ok":
+                self.done.update((e.tp, e.offset) for e in entries)
+                outputs = self.outputs(entries)
+                if len(outputs) == 1 and data is not None and data.draw(st.booleans()):
+                    return outputs[0]  # (one Output, not in a list)
+                return outputs or None
+            if happens == "refused":  # an output to a partition the topic does not have
+                return [*self.outputs(entries), Output(OUTPUT, "x", partition=OUTPUT_PARTITIONS)]
+            raise {
+                "retry": RetriableError("again"),
+                "terminal": TerminalError("never"),
+                "cancelled": asyncio.CancelledError(),
+            }[happens]
+
+        return handle
+
+    def finish(self, item: Item, data: st.DataObject | None, outcome: str | None = None) -> None:
+        """A worker runs ``item`` to its end (with ``data``: the records that joined it
+        after its last look may get no result) and reports it, or waits for its outputs'
+        acknowledgements. In transactional mode a worker that has not started the item
+        cannot while a commit closes the transaction."""
+        assert self.engine is not None
+        runner = self.engine.runner
+        worker = runner.start(item)
+        if worker is None or worker.ended:
+            return
+        handle = self.handler(data, outcome)
+        if self.options.batch_size is not None:
+            worker.run_batch(handle)
+        else:
+            # Records that joined the item after its worker's last look get no result.
+            last = len(item.entries)
+            seen = last if data is None else data.draw(st.integers(worker.looked_at, last))
+            while worker.looked_at < seen:
+                worker.step(handle)
+        worker.ended = True
+        if worker.settled:
+            runner.report(item, worker.end())
+
+    def report_settled(self) -> None:
+        """Workers whose outputs were all acknowledged (or failed) report their items."""
+        if self.engine is None:
+            return
+        runner = self.engine.runner
+        for worker in list(runner.workers.values()):
+            if worker.ended and worker.settled:
+                runner.report(worker.item, worker.end())
+
+    @precondition(
+        lambda self: (
+            self.engine is not None
+            and self.engine.output_producer is not None
+            and self.engine.output_producer.pending
+        )
+    )
+    @rule(data=st.data())
+    def deliveries_arrive(self, data: st.DataObject) -> None:
+        """Delivery reports of the oldest outputs waiting arrive: acknowledged, or failed
+        (in transactional mode, the transaction must then abort)."""
+        self.deliver(data)
+        self.turn()
+
+    def deliver(self, data: st.DataObject) -> None:
+        """Reports of the oldest outputs waiting arrive (if any): acknowledged or failed."""
+        producer = self.engine.output_producer if self.engine is not None else None
+        if producer is None or not producer.pending:
+            return
+        count = data.draw(st.integers(1, len(producer.pending)))
+        outcomes = data.draw(
+            st.lists(st.sampled_from([True, True, False]), min_size=count, max_size=count)
+        )
+        producer.deliver(outcomes)
+        self.report_settled()
 
     @precondition(lambda self: self.engine is not None and self.engine.runner.running)
     @rule(data=st.data(), drain=st.booleans())
@@ -312,18 +513,26 @@ class ShellMachine(RuleBasedStateMachine):
         engine = self.engine
         running = sorted(engine.runner.running.values(), key=lambda i: i.id)
         item = running[data.draw(st.integers(0, len(running) - 1))]
-        if self.options.batch_size is not None or item.finished >= len(item.entries):
+        if self.options.batch_size is not None:
             return
-        entry = item.entries[item.finished]
-        if not Work.may_start(entry):
+        worker = engine.runner.start(item)
+        if worker is None or worker.ended or worker.next_entry() is None:
             return
-        self.started(item, [entry])
-        self.check_order(entry)
-        engine.stop(drain=drain, timeout=1.0)  # from the handler
-        item.finished += 1
-        self.done.add((entry.tp, entry.offset))
-        del engine, running, item, entry  # (what the check after the stop counts)
-        self.wind_down()
+        succeed = self.handler(data, "ok")
+        stopped = []
+
+        def stopping(entries: list[Entry], record: Any) -> Any:
+            assert self.engine is not None
+            self.engine.stop(drain=drain, timeout=1.0)  # from the handler
+            stopped.append(True)
+            return succeed(entries, record)
+
+        worker.step(stopping)
+        del engine, running, item, worker  # (what the check after the stop counts)
+        if stopped:
+            self.wind_down()
+        else:  # the record was not started
+            self.turn()
 
     @precondition(lambda self: self.engine is not None and self.engine.runner.running)
     @rule(data=st.data())
@@ -332,10 +541,12 @@ class ShellMachine(RuleBasedStateMachine):
         runner = self.engine.runner
         running = sorted(runner.running.values(), key=lambda i: i.id)
         item = running[data.draw(st.integers(0, len(running) - 1))]
-        if self.options.batch_size is not None or item.finished >= len(item.entries) - 1:
+        if self.options.batch_size is not None:
             return
-        item.finished += 1
-        self.done.add((item.entries[item.finished - 1].tp, item.entries[item.finished - 1].offset))
+        worker = runner.start(item)
+        if worker is None or worker.ended or worker.looked_at >= len(item.entries) - 1:
+            return
+        worker.step(self.handler(data))
         self.turn()
 
     @precondition(lambda self: self.engine is not None)
@@ -347,13 +558,12 @@ class ShellMachine(RuleBasedStateMachine):
     def rebalance(self, kind: str, keep: set[int], finish_first: bool) -> None:
         """A rebalance: eager (everything revoked, ``keep`` assigned again), cooperative
         (the rest revoked, ``keep`` kept or added) or lost (the rest lost, then returned)."""
+        if kind == "lost" and self.transactional and not LOST_PARTITIONS_ABORT_THE_TRANSACTION:
+            return
         engine = self.engine
         sim = engine.sim
         if finish_first:  # the in-flight records finish while the revoke waits
-            for item in list(engine.runner.running.values()):
-                for entry in item.entries:
-                    self.done.add((entry.tp, entry.offset))
-                engine.runner.report(item, [None] * len(item.entries))
+            self.succeed_everything_running(engine)
         keep_tps = {(TOPIC, p) for p in keep}
         everything = {(TOPIC, p) for p in range(PARTITIONS)}
         if kind == "eager":
@@ -383,15 +593,8 @@ class ShellMachine(RuleBasedStateMachine):
         self.turn()
         if self.engine is None or tp in engine.sim.assignment:
             return
-        base = self.cluster.commits.get(tp, (0, ""))[0]
-        records = [m.offset_ for m in self.cluster.records(tp) if m.offset_ >= base]
-        if further and records:
-            processed = records[: min(further, len(records))]
-            offset = processed[-1] + 1
-            for done in processed:
-                self.done.add((tp, done))
-            self.cluster.commits[tp] = (offset, "")
-            self.cluster.commit_history.append((tp, offset, ""))
+        if further:
+            self.other_member_processes(tp, further)
         engine.sim.rebalance("assign", [tp])
         self.turn()
         if self.engine is None:
@@ -403,17 +606,78 @@ class ShellMachine(RuleBasedStateMachine):
                 f"{self.cluster.commits.get(tp)}"
             )
 
+    def other_member_processes(self, tp: TP, further: int) -> None:
+        """Another member (the same engine) processes up to ``further`` records from the
+        committed offset, skipping those the committed offset map lists, and commits with
+        the offset map carried on; their outputs are visible with the commit."""
+        cluster = self.cluster
+        base, metadata = cluster.commits.get(tp, (0, ""))
+        completed: set[int] = set()
+        if metadata and parse_base(metadata) == base:
+            _, ranges, _ = read_offset_map(metadata)
+            completed = {o for start, stop in ranges for o in range(start, stop)}
+        records = [m for m in cluster.records(tp) if m.offset_ >= base]
+        processed = [m for m in records if m.offset_ not in completed][:further]
+        if not processed:
+            return
+        done = completed | {m.offset_ for m in processed}
+        offset = next((m.offset_ for m in records if m.offset_ not in done), None)
+        if offset is None:
+            offset = records[-1].offset_ + 1
+        carried = encode_offset_map(offset, [o for o in done if o > offset]) or ""
+        self.calls += 1
+        for message in processed:
+            self.done.add((tp, message.offset_))
+            for i in range(OUTPUTS_PER_KEY[message.key()]):
+                value = f"{tp[1]}:{message.offset_}:other{self.calls}:{i}".encode()
+                written = Written(OUTPUT, 0, message.key(), value, [])
+                cluster.transactions.visible.append(written)
+        cluster.record_commit(tp, offset, carried if cluster.keeps_metadata else "")
+
     @precondition(lambda self: self.engine is not None and not self.engine.sim.assignment)
     @rule()
     def assign_everything(self) -> None:
         self.engine.sim.rebalance("assign", [(TOPIC, p) for p in range(PARTITIONS)])
         self.turn()
 
-    @precondition(lambda self: self.engine is not None)
+    @precondition(lambda self: self.engine is not None and not self.transactional)
     @rule(count=st.integers(1, 2))
     def commits_fail(self, count: int) -> None:
         self.engine.sim.fail_commits += count
         self.turn()
+
+    @precondition(lambda self: self.engine is not None and self.transactional)
+    @rule(where=st.sampled_from(["send_offsets", "commit"]))
+    def transaction_fails(self, where: str) -> None:
+        """The next transaction commit fails with an abortable error (the broker forgot the
+        producer id: ``INVALID_PRODUCER_ID_MAPPING``, as in confluentinc/parallel-consumer
+        #830), when sending the offsets or when committing: the transaction must abort."""
+        self.engine.output_producer.fail_next = where
+        self.turn()
+
+    @precondition(
+        lambda self: (
+            self.engine is not None
+            and self.transactional
+            and self.engine._outputs.in_transaction > 0
+        )
+    )
+    @rule()
+    def another_process_fences_the_producer(self) -> None:
+        """A newer process with the same ``transactional.id`` initialises it while the open
+        transaction holds outputs: the broker aborts that transaction, and the consumer stops
+        with an error at its next exchange with the broker (a new one starts later)."""
+        assert self.engine.output_producer is not None
+        tid = self.engine.output_producer.transactional_id
+        assert tid is not None
+        self.cluster.transactions.fence(tid)
+        self.turn()
+
+    @precondition(lambda self: self.engine is None)
+    @rule()
+    def start_again(self) -> None:
+        """A consumer that stopped with an error is started again (by its supervisor)."""
+        self.start_engine()
 
     @precondition(lambda self: self.gated)
     @rule(
@@ -459,6 +723,7 @@ class ShellMachine(RuleBasedStateMachine):
     @rule(broken=st.booleans())
     def dead_letter_topic(self, broken: bool) -> None:
         self.producer.broken = broken
+        self.cluster.transactions.down = {self.options.dead_letter_topic} if broken else set()
         self.turn()
 
     @precondition(lambda self: self.engine is not None)
@@ -545,14 +810,68 @@ class ShellMachine(RuleBasedStateMachine):
                 "a completed offset outside the held ones"
             )
 
+    @invariant()
+    def outputs_exactly_once(self) -> None:
+        """Exactly once: the group's commits and the outputs a ``read_committed`` reader sees
+        agree (see the module's docstring)."""
+        if not getattr(self, "transactional", False):
+            return
+        self.take_in_outputs()
+        state = (len(self.cluster.commit_history), len(self.cluster.transactions.visible))
+        if state == self.outputs_checked:
+            return
+        self.outputs_checked = state
+        strict = self.cluster.keeps_metadata
+        for p in range(PARTITIONS):
+            tp = (TOPIC, p)
+            committed, metadata = self.cluster.commits.get(tp, (0, ""))
+            completed: set[int] = set()
+            if metadata and parse_base(metadata) == committed:
+                _, ranges, _ = read_offset_map(metadata)
+                completed = {o for start, stop in ranges for o in range(start, stop)}
+            for message in self.cluster.records(tp):
+                key = (tp, message.offset_)
+                calls = self.visible_calls.get(key, {})
+                copies = self.copies.get(key, 0)
+                wanted = OUTPUTS_PER_KEY[message.key()]
+                for call, indices in calls.items():
+                    assert sorted(indices) == list(range(wanted)), (
+                        f"{key}: handler call {call} has outputs {sorted(indices)} visible, "
+                        f"of {wanted}"
+                    )
+                if not (message.offset_ < committed or message.offset_ in completed):
+                    if calls or copies:
+                        assert not strict, (
+                            f"{key} is not committed (the group is at {committed}, its map lists "
+                            f"{sorted(completed)}) but its outputs are visible: {sorted(calls)}"
+                            f"{f', dead-letter copies {copies}' if copies else ''}"
+                        )
+                        self.exposed.add(key)
+                    continue
+                times = len(calls) + copies
+                assert times <= 1 or key in self.exposed, (
+                    f"{key} is committed with outputs of {sorted(calls)} and {copies} "
+                    "dead-letter copies visible: more than once"
+                )
+                assert times >= 1 or wanted == 0 or key in self.given_up, (
+                    f"{key} is committed but none of its outputs is visible"
+                )
+
     def teardown(self) -> None:
         """Liveness: with the gate open, handlers succeeding, the dead-letter topic up and
         the consumer resumed, everything not held for good is processed and committed, up to
         the end of each log (past a final transaction marker too)."""
-        engine = getattr(self, "engine", None)
+        if not hasattr(self, "options"):
+            return
+        if self.engine is None:  # it stopped with an error: its supervisor starts it again
+            self.start_engine()
+        engine = self.engine
         if engine is None:
             return
         self.producer.broken = False
+        self.cluster.transactions.down = set()
+        if engine.output_producer is not None:
+            engine.output_producer.fail_next = None
         self.watermarks = {p: self.cluster.end((TOPIC, p)) for p in range(PARTITIONS)}
         self.version += 2
         self.offer()
@@ -579,6 +898,8 @@ class ShellMachine(RuleBasedStateMachine):
             end = self.cluster.end(tp)
             committed = self.cluster.commits.get(tp, (0, ""))[0]
             assert committed == end, f"{tp} stalled: committed {committed}, log ends at {end}"
+        self.check_commits()
+        self.outputs_exactly_once()
         engine.stop(drain=False, wait=False)
         del engine  # (what the check below counts)
         for _ in range(20):
@@ -603,10 +924,13 @@ class ShellMachine(RuleBasedStateMachine):
         assert left == 0, f"{left} records of stopped consumers are kept alive"
 
     def succeed_everything_running(self, engine: SimEngine) -> None:
+        """Every item a worker can run succeeds, and their outputs are acknowledged."""
         for item in list(engine.runner.running.values()):
-            for entry in item.entries:
-                self.done.add((entry.tp, entry.offset))
-            engine.runner.report(item, [None] * len(item.entries))
+            self.finish(item, None, "ok")
+        producer = engine.output_producer
+        if producer is not None and producer.pending:
+            producer.deliver([True] * len(producer.pending))
+        self.report_settled()
 
     def all_committed(self, engine: SimEngine) -> bool:
         stuck_tps = {entry.tp for entry in engine.core.stuck}

@@ -10,18 +10,29 @@ import time
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
-from sdk import Options, Ordering, ParallelConsumer, RetriableError, TerminalError
+from sdk import (
+    CommitMode,
+    Options,
+    Ordering,
+    Output,
+    ParallelConsumer,
+    RetriableError,
+    TerminalError,
+)
 from sdk._core import NOT_STARTED
 from sdk._failures import DecodeError
 from sdk._offsets import _varints
 from sdk._options import OptionsError
+from sdk._output import ProduceError
 from sdk._runners import AsyncRunner, Work
 from sdk._shards import Entry, Item
 from tests.sdk.simulated import Clock, Cluster, SimEngine, SimProducer, offer, sim_gate
 
 TOPIC = "t"
 TP0 = (TOPIC, 0)
+OUT = "out"
 
 
 class Shell:
@@ -97,6 +108,50 @@ class Shell:
     def committed(self, partition: int = 0) -> int | None:
         found = self.cluster.commits.get((TOPIC, partition))
         return None if found is None else found[0]
+
+    # ---- outputs ------------------------------------------------------------------------
+
+    def run(self, item: Item, ran: list[int] | None = None) -> None:
+        """A worker runs ``item`` through the engine's own ``Work``: each record's handler
+        returns one output (``"<partition>:<offset>"``); the item is reported once its
+        outputs are acknowledged (at least once) or at once (exactly once)."""
+        worker = self.engine.runner.start(item)
+        assert worker is not None, "a commit is closing the transaction"
+
+        def handle(entries: list[Entry], record: Any) -> Output:
+            (entry,) = entries
+            if ran is not None:
+                ran.append(entry.offset)
+            return Output(OUT, f"{entry.tp[1]}:{entry.offset}", key=entry.payload.key())
+
+        while worker.next_entry() is not None:
+            worker.step(handle)
+        worker.ended = True
+        if worker.settled:
+            self.engine.runner.report(item, worker.end())
+
+    def run_all(self, turns: int = 50, seconds: float = 0.05, ran: list[int] | None = None) -> None:
+        """Every record succeeds with its output, acknowledged, turn after turn."""
+        runner = self.engine.runner
+        for _ in range(turns):
+            for item in self.running():
+                if item.id not in runner.workers and runner.start(item) is not None:
+                    self.run(item, ran)
+            producer = self.engine.output_producer
+            if producer is not None and producer.pending:
+                producer.deliver([True] * len(producer.pending))
+            for worker in list(runner.workers.values()):
+                if worker.ended and worker.settled:
+                    runner.report(worker.item, worker.end())
+            self.turn(seconds=seconds)
+
+    def outputs(self) -> list[str]:
+        """The outputs a ``read_committed`` reader sees, in order."""
+        return [
+            w.value.decode()
+            for w in self.cluster.transactions.visible
+            if w.topic == OUT and w.value is not None
+        ]
 
 
 # ---- 1: a paused partition revoked and assigned again is fetched again ------------------
@@ -645,3 +700,108 @@ def test_a_wall_clock_set_back_does_not_delay_parked_retries() -> None:
     assert [e.attempts for item in shell.running() for e in item.entries] == [1], (
         "the retry was not due after its delay"
     )
+
+
+# ---- outputs: an input is done only when its outputs are -------------------------------
+
+
+def test_an_input_whose_output_was_not_delivered_is_not_committed_and_runs_again() -> None:
+    """At least once: the worker waits for its outputs' acknowledgements; a failed delivery
+    fails the input (and sends the rest of its shard in the item back unstarted), so the
+    commit stops before it until its retry's output is acknowledged."""
+    shell = Shell(Options(ordering=Ordering.PARTITION, retry_delay=lambda a, e: 0.0))
+    shell.cluster.produce(0, [b"a", b"a", b"a"])
+    shell.turn(2)
+    [item] = shell.running()
+    shell.run(item)
+    assert item.id in shell.engine.runner.running, "reported before its acknowledgements"
+    assert item.finished == 0
+    producer = shell.engine.output_producer
+    assert producer is not None
+    producer.deliver([True, False, True])  # the output of offset 1 is lost
+    worker = shell.engine.runner.workers[item.id]
+    results = worker.end()
+    assert results[0] is None and isinstance(results[1], ProduceError)
+    assert results[2] is NOT_STARTED  # its output was written, but the input runs again
+    shell.engine.runner.report(item, results)
+    shell.turn(seconds=1.0)
+    assert shell.committed() == 1
+    ran: list[int] = []
+    shell.run_all(ran=ran)
+    assert ran == [1, 2]
+    assert shell.committed() == 3
+    assert shell.outputs() == ["0:0", "0:2", "0:1", "0:2"]  # at least once, in order again
+
+
+@pytest.mark.parametrize("failure", ["delivery", "send_offsets", "commit"])
+def test_a_transaction_that_cannot_commit_commits_neither_offsets_nor_outputs(
+    failure: str,
+) -> None:
+    """confluentinc/parallel-consumer#830: the broker forgot the producer id
+    (``INVALID_PRODUCER_ID_MAPPING``) and a batch was marked succeeded, its offsets committed,
+    for records never produced. Here an output's delivery, sending the offsets or the commit
+    itself fails with an abortable error: the transaction is aborted, so neither the offsets
+    nor the outputs are committed; every input since the last commit is processed again, and
+    once a transaction commits each output is visible exactly once."""
+    shell = Shell(
+        Options(
+            ordering=Ordering.KEY,
+            commit_mode=CommitMode.TRANSACTIONAL,
+            commit_interval=0.1,
+        ),
+        keeps_metadata=True,
+    )
+    shell.cluster.produce(0, [b"a", b"b", b"a", b"b"])
+    shell.turn(2)
+    first: list[int] = []
+    for item in shell.running():
+        shell.run(item, first)
+    shell.turn()  # the inputs are done: their outputs are in the open transaction
+    assert sorted(first) == [0, 1, 2, 3]
+    producer = shell.engine.output_producer
+    assert producer is not None
+    committer = shell.engine._committer
+    assert committer.aborted == 0
+    before = committer.committed
+    forgotten = KafkaError(KafkaError.INVALID_PRODUCER_ID_MAPPING, "unknown producer id")
+    if failure == "delivery":
+        producer.deliver([True, False], error=forgotten)
+    else:
+        producer.fail_next = failure
+    shell.turn(seconds=0.2)  # the commit is due
+    assert committer.aborted == 1 and committer.committed == before, committer.last_abort
+    assert "producer id" in (committer.last_abort or "")
+    assert shell.committed() in (None, 0), "offsets committed for outputs never written"
+    assert shell.outputs() == []
+    assert shell.cluster.transactions.aborted_count() == 1
+    again: list[int] = []
+    shell.run_all(ran=again)
+    assert sorted(again) == [0, 1, 2, 3], "the inputs of the aborted transaction did not run again"
+    assert shell.committed() == 4
+    assert sorted(shell.outputs()) == ["0:0", "0:1", "0:2", "0:3"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Rebalancer.on_lost drops the partitions without aborting the open transaction, "
+    "which then commits their inputs' outputs without their offsets",
+)
+def test_partitions_lost_with_outputs_in_the_open_transaction_abort_it() -> None:
+    """A partition is lost (the session expired: another member may own it already) while
+    the open transaction holds outputs of its inputs. That transaction must not commit: the
+    outputs would be visible without their inputs' offsets, and the partition's next owner
+    (here this consumer again) writes them a second time."""
+    shell = Shell(
+        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=0.1), keeps_metadata=True
+    )
+    shell.cluster.produce(0, [b"a"])
+    shell.turn(2)
+    for item in shell.running():
+        shell.run(item)
+    shell.turn()  # done: its output is in the open transaction
+    shell.sim.rebalance("lost", [TP0])
+    shell.turn()
+    shell.sim.rebalance("assign", [TP0])
+    shell.run_all()
+    assert shell.committed() == 1
+    assert shell.outputs() == ["0:0"], "the lost input's output was committed twice"
