@@ -185,6 +185,9 @@ class ParallelConsumer(ConsumerLoop):
         config.update(given)
         if self.transactional:
             config.setdefault("transactional.id", transactional_id(self.group, self.config))
+            # Only failed deliveries are reported (they break the transaction): no callback
+            # runs for the outputs that arrive.
+            config["delivery.report.only.error"] = True
         elif config.get("transactional.id"):
             raise OptionsError(
                 "producer_config: transactional.id is for commit_mode=CommitMode.TRANSACTIONAL"

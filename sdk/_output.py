@@ -30,6 +30,9 @@ log = logging.getLogger("sdk")
 
 Headers = Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]]
 
+Source = tuple[str, int, int]
+"""An input: topic, partition, offset."""
+
 _QUEUE_FULL_WAIT = 30.0
 """Seconds a worker waits for room in the producer's queue before the input fails."""
 
@@ -256,6 +259,9 @@ class Outputs:
         self.produced = 0
         self.failures = 0
         self.in_transaction = 0  # outputs produced into the open transaction
+        # Transactional: the inputs whose outputs broke a transaction (aborted, so their
+        # partitions were rewound and their attempts forgotten), with how often and why.
+        self.breakers: dict[Source, tuple[int, str]] = {}
         self.broken: str | None = None  # why the open transaction must be aborted
 
     @property
@@ -287,32 +293,37 @@ class Outputs:
         if producer is not None:
             producer.poll(0)
 
-    def send(self, outputs: list[Output], deliveries: Deliveries | None, index: int) -> str | None:
+    def send(
+        self,
+        outputs: list[Output],
+        deliveries: Deliveries | None,
+        index: int,
+        sources: list[Source] = (),  # type: ignore[assignment]
+    ) -> str | None:
         """Produce one input's outputs; returns why it failed (the input fails), or None. In
-        transactional mode (``deliveries`` None) no delivery is reported: a failed one makes
-        the transaction's commit fail (it is aborted, its inputs processed again); a failure
-        after some of them went into the transaction breaks the transaction."""
+        transactional mode (``deliveries`` None) only failed deliveries are reported: one
+        breaks the transaction (it is aborted, its inputs processed again), and so does a
+        failure after some of the input's outputs went into it. The inputs (``sources``)
+        that broke transactions are remembered across the aborts (:meth:`broke`)."""
         try:
             produce = self.producer.produce
         except KafkaException as exc:
             return f"the producer could not be created: {_text(exc)} (check producer_config)"
-        callback = None if deliveries is None else deliveries.callback(index)
+        callback = deliveries.callback(index) if deliveries is not None else self._breaks(sources)
         sent = 0
         for topic, value, key, headers, partition in outputs:
             try:
                 if headers is None:
-                    if callback is None:
-                        produce(topic, value, key, -1 if partition is None else partition)
-                    else:
-                        produce(topic, value, key, -1 if partition is None else partition, callback)
+                    produce(topic, value, key, -1 if partition is None else partition, callback)
                 else:
                     self._produce(produce, topic, value, key, headers, partition, callback)
             except BufferError:
                 problem = self._when_room(produce, topic, value, key, headers, partition, callback)
                 if problem is not None:
-                    return self._failed(problem, sent, deliveries)
+                    return self._failed(problem, sent, deliveries, sources)
             except (KafkaException, TypeError, ValueError) as exc:
-                return self._failed(f"producing to {topic}: {_text(exc)}", sent, deliveries)
+                problem = f"producing to {topic}: {_text(exc)}"
+                return self._failed(problem, sent, deliveries, sources)
             if deliveries is not None:
                 deliveries.produced()
             sent += 1
@@ -364,12 +375,36 @@ class Outputs:
                 return f"producing to {topic}: {_text(exc)}"
         return f"the producer's queue stayed full producing to {topic}"
 
-    def _failed(self, problem: str, sent: int, deliveries: Deliveries | None) -> str:
+    def _failed(
+        self, problem: str, sent: int, deliveries: Deliveries | None, sources: list[Source]
+    ) -> str:
         with self._counting:
             self.failures += 1
         if deliveries is None and sent:
             self.broken = f"an input's outputs went into it in part: {problem}"
+            self._blame(sources, problem)
         return problem
+
+    def _breaks(self, sources: list[Source]) -> Callable[[KafkaError | None, Any], None]:
+        """Transactional: the delivery callback of an input's outputs (the producer reports
+        failed deliveries only)."""
+
+        def delivered(error: KafkaError | None, _: Any) -> None:
+            if error is not None:
+                self.failures += 1
+                self.broken = f"an output's delivery failed: {error.str()}"
+                self._blame(sources, error.str())
+
+        return delivered
+
+    def _blame(self, sources: list[Source], why: str) -> None:
+        for source in sources:
+            count, _ = self.breakers.get(source, (0, ""))
+            self.breakers[source] = (count + 1, why)
+
+    def broke(self, source: Source) -> tuple[int, str]:
+        """How many transactions the input's outputs broke, and the last reason."""
+        return self.breakers.get(source, (0, ""))
 
     def delivery_failed(self, count: int) -> None:
         with self._counting:

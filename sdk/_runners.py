@@ -38,6 +38,10 @@ from sdk._shards import NOT_STARTED, Entry, Item
 
 log = logging.getLogger("sdk.handler")
 
+BREAKS_BEFORE_HOLDING = 3
+"""Transactional, without ``max_attempts``: an input whose outputs broke this many
+transactions is held (its shard waits) instead of aborting every transaction."""
+
 LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -171,6 +175,8 @@ class Work:
                 continue
             record = Record(entry.payload, entry.attempts + 1, key_deserializer, value_deserializer)
             error: BaseException | None = self.undecodable(record) if check_decoding else None
+            if error is None and lock is not None:
+                error = self.broke_transactions(entry)
             if error is None:
                 try:
                     if plain:
@@ -246,12 +252,31 @@ class Work:
             return exc
         if not found:
             return None
-        problem = outputs.send(found, deliveries, index)
+        sources = () if deliveries is not None else self.sources(record)
+        problem = outputs.send(found, deliveries, index, sources)  # type: ignore[arg-type]
         if problem is not None:
             return ProduceError(problem)
         if deliveries is not None:
             awaiting[index] = record
         return None
+
+    @staticmethod
+    def sources(record: Any) -> list[tuple[str, int, int]]:
+        records = record if isinstance(record, list) else [record]
+        return [(r.topic, r.partition, r.offset) for r in records]
+
+    def broke_transactions(self, entry: Entry) -> BaseException | None:
+        """Transactional: an input whose outputs broke as many transactions as it has
+        attempts (each abort forgets its attempts) fails for good without running again:
+        dead-lettered, skipped or held like any record that failed for good."""
+        outputs = self.outputs
+        if outputs is None or not outputs.breakers:
+            return None
+        topic, partition = entry.tp
+        count, why = outputs.broke((topic, partition, entry.offset))
+        if count < (self.options.max_attempts or BREAKS_BEFORE_HOLDING):
+            return None
+        return TerminalError(f"its outputs broke {count} transactions: {why}")
 
     def acknowledged(
         self,
@@ -283,7 +308,8 @@ class Work:
         and records that may not start (a revoked partition, a lowered release limit)."""
         results: list[Any] = [None] * len(entries)
         may_start = self.may_start
-        if not self.check_decoding:
+        outputs = self.outputs
+        if not self.check_decoding and (outputs is None or not outputs.breakers):
             for entry in entries:
                 if not may_start(entry):
                     break
@@ -296,7 +322,7 @@ class Work:
                 results[i] = NOT_STARTED
                 continue
             record = self.record(entry)
-            bad = self.undecodable(record)
+            bad = self.undecodable(record) or self.broke_transactions(entry)
             if bad is not None:
                 results[i] = bad
                 self.failed(record, bad)
@@ -592,6 +618,8 @@ class AsyncRunner:
                 continue
             record = work.record(entry)
             error = work.undecodable(record)
+            if error is None and lock is not None:
+                error = work.broke_transactions(entry)
             if error is None:
                 work.hook("before_handle", record)
                 error = await self._call(record, deliveries, len(results), awaiting)

@@ -487,12 +487,6 @@ def test_outputs_of_an_aborted_transaction_are_never_visible(kafka: Kafka) -> No
     assert first_call == [], "an output of the aborted transaction is visible"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a transaction's abort rewinds its partitions and forgets their records' "
-    "attempts: an input whose outputs break the transaction starts at attempt 1 every "
-    "time, is never dead-lettered, and every commit interval is aborted",
-)
 def test_an_input_that_breaks_every_transaction_is_dead_lettered_after_its_attempts(
     kafka: Kafka,
 ) -> None:
