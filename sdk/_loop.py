@@ -136,8 +136,6 @@ class ConsumerLoop:
             wait = 0.02
         else:
             wait = min(0.1, self.options.commit_interval)
-        if self._acknowledging:
-            wait = _MIN_WAIT  # delivery reports do not wake the inbox: look again soon
         due = core.next_due()
         if due is not None and self._free_slots() > 0 and not core.paused_all:
             wait = min(wait, due - now)  # a parked record we could start becomes due

@@ -47,7 +47,7 @@ from sdk import Gate, Options, ParallelConsumer
 from sdk._core import NOT_STARTED
 from sdk._failures import FailurePolicy
 from sdk._maps import OffsetMaps
-from sdk._output import Outputs
+from sdk._output import Awaiting, Outputs
 from sdk._record import Record
 from sdk._runners import Work
 from sdk._shards import Entry, Item
@@ -516,14 +516,15 @@ class SimOutputProducer:
 
     # ---- producing ----------------------------------------------------------------------
 
-    def produce(
+    def produce(  # (confluent-kafka's order of arguments)
         self,
         topic: str,
         value: bytes | str | None = None,
         key: bytes | str | None = None,
-        headers: list[tuple[str, Any]] | None = None,
-        partition: int | None = None,
+        partition: int = -1,
         on_delivery: Callable[..., None] | None = None,
+        timestamp: int = 0,
+        headers: list[tuple[str, Any]] | None = None,
     ) -> None:
         assert on_delivery is not None
         if self.transactional_id is not None:
@@ -535,7 +536,7 @@ class SimOutputProducer:
             key = key.encode()
         if isinstance(value, str):
             value = value.encode()
-        if partition is None:
+        if partition < 0:
             partition = zlib.crc32(key or b"") % OUTPUT_PARTITIONS
         elif partition >= OUTPUT_PARTITIONS:
             raise _error(KafkaError._UNKNOWN_PARTITION, f"{topic} [{partition}]: unknown partition")
@@ -742,20 +743,20 @@ class SimWorker:
 
     @property
     def settled(self) -> bool:
-        """Every output it waits for was acknowledged (or failed)."""
-        return not self.awaiting or self.deliveries is None or self.deliveries.settled
+        """Whether it may end (always: a worker does not wait for delivery reports, the
+        consumer's thread keeps its item aside until they arrived)."""
+        return True
 
     def end(self) -> list[Any]:
-        """Its results once the reports it waits for arrived (``Work.acknowledged``)."""
-        assert self.settled
-        if self.awaiting:
-            assert self.deliveries is not None
-            errors = self.deliveries.wait(self.work.outputs_closed)
+        """Its results: with outputs waiting for reports, the engine's ``Awaiting``."""
+        if self.awaiting and self.deliveries is not None:
+            work = self.work
             if self.batch is not None:
                 records, runnable = self.batch
-                self.work.batch_acknowledged(self.results, records, runnable, self.awaiting, errors)
+                settle = work.settle_batch(records, runnable, self.awaiting)
             else:
-                self.work.acknowledged(self.item.entries, self.results, self.awaiting, errors)
+                settle = work.settle_records(self.item.entries, self.awaiting)
+            return Awaiting(self.results, self.deliveries, settle)
         return self.results
 
 

@@ -25,7 +25,6 @@ from sdk._core import NOT_STARTED
 from sdk._failures import DecodeError
 from sdk._offsets import _varints
 from sdk._options import OptionsError
-from sdk._output import ProduceError
 from sdk._runners import AsyncRunner, Work
 from sdk._shards import Entry, Item
 from tests.sdk.simulated import Clock, Cluster, SimEngine, SimProducer, offer, sim_gate
@@ -706,29 +705,28 @@ def test_a_wall_clock_set_back_does_not_delay_parked_retries() -> None:
 
 
 def test_an_input_whose_output_was_not_delivered_is_not_committed_and_runs_again() -> None:
-    """At least once: the worker waits for its outputs' acknowledgements; a failed delivery
-    fails the input (and sends the rest of its shard in the item back unstarted), so the
-    commit stops before it until its retry's output is acknowledged."""
+    """At least once: the worker reports its item at once, and the consumer's thread keeps
+    it aside until its outputs' delivery reports are in; a failed delivery fails the input
+    (and sends the rest of its shard in the item back unstarted), so the commit stops before
+    it until its retry's output is acknowledged."""
     shell = Shell(Options(ordering=Ordering.PARTITION, retry_delay=lambda a, e: 0.0))
     shell.cluster.produce(0, [b"a", b"a", b"a"])
     shell.turn(2)
     [item] = shell.running()
-    shell.run(item)
-    assert item.id in shell.engine.runner.running, "reported before its acknowledgements"
+    shell.run(item)  # (reported at once)
+    shell.turn(seconds=1.0)
+    assert item.id in shell.engine._acknowledging, "applied before its acknowledgements"
     assert item.finished == 0
+    assert shell.committed() in (None, 0)  # nothing past an unacknowledged input
     producer = shell.engine.output_producer
     assert producer is not None
     producer.deliver([True, False, True])  # the output of offset 1 is lost
-    worker = shell.engine.runner.workers[item.id]
-    results = worker.end()
-    assert results[0] is None and isinstance(results[1], ProduceError)
-    assert results[2] is NOT_STARTED  # its output was written, but the input runs again
-    shell.engine.runner.report(item, results)
     shell.turn(seconds=1.0)
+    assert not shell.engine._acknowledging
     assert shell.committed() == 1
     ran: list[int] = []
     shell.run_all(ran=ran)
-    assert ran == [1, 2]
+    assert ran == [1, 2]  # its input runs again, and the rest of its shard after it
     assert shell.committed() == 3
     assert shell.outputs() == ["0:0", "0:2", "0:1", "0:2"]  # at least once, in order again
 
@@ -781,11 +779,6 @@ def test_a_transaction_that_cannot_commit_commits_neither_offsets_nor_outputs(
     assert sorted(shell.outputs()) == ["0:0", "0:1", "0:2", "0:3"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Rebalancer.on_lost drops the partitions without aborting the open transaction, "
-    "which then commits their inputs' outputs without their offsets",
-)
 def test_partitions_lost_with_outputs_in_the_open_transaction_abort_it() -> None:
     """A partition is lost (the session expired: another member may own it already) while
     the open transaction holds outputs of its inputs. That transaction must not commit: the
