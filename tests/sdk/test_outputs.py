@@ -924,6 +924,42 @@ def test_outputs_of_lost_partitions_are_not_committed(
     assert found == Counter({(0, o, 0): 1 for o in range(count)})
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="without group.instance.id or client.id the default transactional.id is the "
+    "group, host name and process id: two members of one group in one process share it, and "
+    "the second fences the first, which stops",
+)
+def test_two_members_of_a_group_in_one_process_each_have_their_own_transactions(
+    kafka: Kafka,
+) -> None:
+    """Transactional, two members of one group in one process, neither given a
+    ``group.instance.id`` nor a ``client.id``: both keep running, and every input's output is
+    committed."""
+    source, out = kafka.create_topic(2), kafka.create_topic(2)
+    group = unique("twins")
+    options = Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=0.1)
+    members = [
+        start_engine(kafka.bootstrap, source, lambda record: output(record, out), options, group)
+        for _ in range(2)
+    ]
+    try:
+        wait_until(
+            lambda: all(m.stats().get("partitions") for m in members),
+            timeout=60,
+            what="a partition on each member",
+        )
+        kafka.produce(source, {0: 20, 1: 20})
+        wait_committed(kafka, group, source, {0: 20, 1: 20}, 30)
+        running = [m.running for m in members]
+    finally:
+        for member in members:
+            member.stop()
+    assert running == [True, True]
+    found = copies(read_committed(kafka, out, 2, 40))
+    assert set(found) == {(p, o, 0) for p in range(2) for o in range(20)}
+
+
 # ---- a fenced producer's open transaction ---------------------------------------------------
 
 DIES_IN_A_TRANSACTION = textwrap.dedent(
