@@ -341,9 +341,9 @@ class ParallelConsumer(ConsumerLoop):
         if isinstance(self._committer, TransactionalCommitter):
             if not self._maps.in_metadata:
                 log.warning(
-                    "exactly-once with offset maps kept %s: after a crash, records completed "
-                    "beyond the committed offset are processed again and their outputs "
-                    "written twice (a broker that keeps commit metadata avoids it)",
+                    "exactly-once with offset maps kept %s: after a crash or a rebalance, "
+                    "records completed beyond the committed offset are processed again and "
+                    "their outputs written twice (a broker that keeps commit metadata avoids it)",
                     "nowhere" if self._maps.kind == "none" else f"in {self._maps.kind}",
                 )
             self._committer.begin()  # (a TransactionError is an EngineError)

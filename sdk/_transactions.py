@@ -18,6 +18,7 @@ same ``transactional.id``) stops the consumer.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -37,6 +38,7 @@ log = logging.getLogger("sdk")
 
 TIMEOUT = 30.0
 """Seconds a transaction call (init, send offsets, commit, abort) may take."""
+_UNNAMED = itertools.count(1)
 _FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -47,11 +49,12 @@ class TransactionError(EngineError):
 def transactional_id(group: str, config: Mapping[str, Any]) -> str:
     """The ``transactional.id`` used when none is given: stable for the same group and the
     same ``group.instance.id`` (or else ``client.id``), so a restarted process fences its
-    predecessor and aborts its open transaction at once. Without either, the host name and
-    process id are used (a restart then waits for ``transaction.timeout.ms``)."""
+    predecessor and aborts its open transaction at once. Without either, the host name, the
+    process id and a count of such consumers are used (a restart then waits for
+    ``transaction.timeout.ms``)."""
     member = config.get("group.instance.id") or config.get("client.id")
-    if not member:
-        member = f"{socket.gethostname()}-{os.getpid()}"
+    if not member:  # (one more per consumer: two members in one process must not fence)
+        member = f"{socket.gethostname()}-{os.getpid()}-{next(_UNNAMED)}"
         log.warning(
             "exactly-once without group.instance.id or client.id: transactional.id %s.%s is not "
             "stable across restarts, so a crashed process's open transaction holds "

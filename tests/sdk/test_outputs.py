@@ -924,12 +924,6 @@ def test_outputs_of_lost_partitions_are_not_committed(
     assert found == Counter({(0, o, 0): 1 for o in range(count)})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without group.instance.id or client.id the default transactional.id is the "
-    "group, host name and process id: two members of one group in one process share it, and "
-    "the second fences the first, which stops",
-)
 def test_two_members_of_a_group_in_one_process_each_have_their_own_transactions(
     kafka: Kafka,
 ) -> None:
