@@ -479,7 +479,10 @@ class SimOutputProducer:
     with the broker (a delivery fails, or a transactional call): from then on every call
     fails with a fatal error. ``fail_next`` makes the next
     ``send_offsets_to_transaction`` or ``commit_transaction`` fail with an abortable error
-    (``INVALID_PRODUCER_ID_MAPPING``, as when the broker forgot the producer id)."""
+    (``INVALID_PRODUCER_ID_MAPPING``, as when the broker forgot the producer id), or
+    (``flush_timeout``) the next ``commit_transaction`` time out flushing: a retriable error
+    that leaves the transaction committing (librdkafka's ``BeginCommit`` state), where only
+    calling ``commit_transaction`` again is allowed."""
 
     def __init__(self, cluster: Cluster, config: dict[str, Any]) -> None:
         self.cluster = cluster
@@ -616,7 +619,15 @@ class SimOutputProducer:
         ]
 
     def commit_transaction(self, timeout: float = -1) -> None:
-        self._check("commit", "in_transaction")
+        self._check("commit", "in_transaction", "begin_commit")
+        if self.fail_next == "flush_timeout":
+            self.fail_next = None
+            self.state = "begin_commit"
+            raise _error(
+                KafkaError._TIMED_OUT,
+                "Failed to flush all outstanding messages within the transaction timeout",
+                retriable=True,
+            )
         self.flush()
         if self.fenced:
             self._check("commit")
