@@ -482,7 +482,8 @@ class SimOutputProducer:
     (``INVALID_PRODUCER_ID_MAPPING``, as when the broker forgot the producer id), or
     (``flush_timeout``) the next ``commit_transaction`` time out flushing: a retriable error
     that leaves the transaction committing (librdkafka's ``BeginCommit`` state), where only
-    calling ``commit_transaction`` again is allowed."""
+    calling ``commit_transaction`` again is allowed; or (``commit_applied``) the broker commits
+    the transaction but its answer is lost: the call times out (abortable)."""
 
     def __init__(self, cluster: Cluster, config: dict[str, Any]) -> None:
         self.cluster = cluster
@@ -494,7 +495,7 @@ class SimOutputProducer:
         self.pending: list[tuple[Written, Callable[..., None]]] = []
         self.failed_deliveries = 0  # of the open transaction
         self.offsets: list[TopicPartition] = []
-        self.fail_next: str | None = None  # "send_offsets" or "commit"
+        self.fail_next: str | None = None  # see the class's docstring
         self.knows_fenced = False
         self.calls: list[str] = []
 
@@ -646,10 +647,16 @@ class SimOutputProducer:
             )
         assert self.transactional_id is not None and self.txn is not None
         self.transactions.end(self.transactional_id, self.txn, commit=True, offsets=self.offsets)
+        if self.fail_next == "commit_applied":  # the broker committed; its answer was lost
+            self.fail_next = None
+            self.state = "abortable"
+            raise _abortable(KafkaError._TIMED_OUT, "EndTxn commit timed out")
         self.state, self.txn, self.offsets = "ready", None, []
 
     def abort_transaction(self, timeout: float = -1) -> None:
         self._check("abort", "in_transaction", "abortable")
+        if self.txn is not None and self.transactions.states[self.txn] == "committed":
+            raise _error(KafkaError.INVALID_TXN_STATE, "the transaction was committed", fatal=True)
         pending, self.pending = self.pending, []
         for written, delivered in pending:
             self._report(written, delivered, False, KafkaError(KafkaError._PURGE_QUEUE, "purged"))

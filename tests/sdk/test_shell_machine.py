@@ -28,7 +28,9 @@ After every step it checks:
 * in the ordered modes, no record runs before every earlier record of its partition (or
   key) is done or given up;
 * no commit passes a record that was not done (processed, dead-lettered with an acknowledged
-  copy, or skipped by the chosen policy), and offset maps only list done records;
+  copy, or skipped by the chosen policy), and offset maps only list done records; a
+  committed offset map never forgets an offset the map committed before it listed (unless
+  the commit passed it);
 * what librdkafka was told about fetching matches what the core believes, and a partition
   is paused only when the buffer is full or it is stalled with its share used (no stuck
   pause, no pause of a partition that flows);
@@ -96,16 +98,6 @@ OUTPUT = "out"
 OUTPUTS_PER_KEY: dict[bytes | None, int] = {b"a": 1, b"b": 2, b"c": 0, None: 1}
 """How many outputs a handler returns for a record, by its key."""
 Input = tuple[TP, int]
-LOST_PARTITIONS_ABORT_THE_TRANSACTION = False
-"""The engine does not abort the open transaction when partitions are lost (the regression
-test ``test_partitions_lost_with_outputs_in_the_open_transaction_abort_it``): until it does,
-transactional examples lose no partitions."""
-COMMITTED_MAPS_KEEP_RESTORED_OFFSETS = False
-"""A commit's offset map leaves out the offsets restored from the previous map that were not
-fetched again yet (the regression test
-``test_a_commit_keeps_the_restored_offsets_not_fetched_yet_in_its_offset_map``): the inputs
-dropped from a committed map run again, and until that is fixed their outputs may be visible
-twice."""
 FAILURE_POLICIES: dict[str, dict[str, Any]] = {
     # A record that fails for good has nowhere to go: it is held (stuck), never committed.
     "hold": {"max_attempts": None, "on_exhausted": "dead_letter", "dead_letter_topic": None},
@@ -177,8 +169,7 @@ class ShellMachine(RuleBasedStateMachine):
         self.copies: dict[Input, int] = {}  # dead-letter copies visible, per input
         self.checked_visible = 0
         self.exposed: set[Input] = set()  # visible before committed (no offset maps kept)
-        self.listed: dict[TP, tuple[int, set[int]]] = {}  # the last committed map, per partition
-        self.dropped: set[Input] = set()  # completed, listed by a committed map, then left out
+        self.listed: dict[TP, set[int]] = {}  # what the last committed map lists, per partition
         self.outputs_checked: tuple[int, int] | None = None
         self.cluster.transactions.on_commit = self.check_transaction
         self.engine: SimEngine | None = None
@@ -315,9 +306,14 @@ class ShellMachine(RuleBasedStateMachine):
             if metadata:
                 _, ranges, _ = read_offset_map(metadata)
                 listed = {o for start, stop in ranges for o in range(start, stop)}
-            before = self.listed.get(tp, (0, set()))[1]
-            self.dropped |= {(tp, o) for o in before if o >= offset and o not in listed}
-            self.listed[tp] = (offset, listed)
+            before = self.listed.get(tp, set())
+            forgotten = [m.offset_ for m in records if m.offset_ in before]
+            forgotten = [o for o in forgotten if o >= offset and o not in listed]
+            assert not forgotten, (
+                f"commit {tp}@{offset}: its offset map forgets {forgotten}, completed and listed "
+                "by the map committed before (they would run again)"
+            )
+            self.listed[tp] = listed
             if metadata:
                 logged = [m for m in records if m.offset_ in listed]
                 wrong = [m.offset_ for m in logged if (tp, m.offset_) not in self.done]
@@ -571,8 +567,6 @@ class ShellMachine(RuleBasedStateMachine):
     def rebalance(self, kind: str, keep: set[int], finish_first: bool) -> None:
         """A rebalance: eager (everything revoked, ``keep`` assigned again), cooperative
         (the rest revoked, ``keep`` kept or added) or lost (the rest lost, then returned)."""
-        if kind == "lost" and self.transactional and not LOST_PARTITIONS_ABORT_THE_TRANSACTION:
-            return
         engine = self.engine
         sim = engine.sim
         if finish_first:  # the in-flight records finish while the revoke waits
@@ -660,11 +654,13 @@ class ShellMachine(RuleBasedStateMachine):
         self.turn()
 
     @precondition(lambda self: self.engine is not None and self.transactional)
-    @rule(where=st.sampled_from(["send_offsets", "commit"]))
+    @rule(where=st.sampled_from(["send_offsets", "commit", "commit_applied", "flush_timeout"]))
     def transaction_fails(self, where: str) -> None:
-        """The next transaction commit fails with an abortable error (the broker forgot the
-        producer id: ``INVALID_PRODUCER_ID_MAPPING``, as in confluentinc/parallel-consumer
-        #830), when sending the offsets or when committing: the transaction must abort."""
+        """The next transaction commit fails: with an abortable error when sending the
+        offsets or when committing (the broker forgot the producer id:
+        ``INVALID_PRODUCER_ID_MAPPING``, as in confluentinc/parallel-consumer#830), or it
+        times out, after the broker committed it (its answer lost) or while flushing the
+        outputs (retriable: the transaction stays committing)."""
         self.engine.output_producer.fail_next = where
         self.turn()
 
@@ -874,10 +870,9 @@ class ShellMachine(RuleBasedStateMachine):
                         f"{key}: handler call {call} has outputs {sorted(indices)} visible, "
                         f"of {wanted}"
                     )
-                dropped = key in self.dropped and not COMMITTED_MAPS_KEEP_RESTORED_OFFSETS
                 if not (message.offset_ < committed or message.offset_ in completed):
                     if calls or copies:
-                        assert not strict or dropped, (
+                        assert not strict, (
                             f"{key} is not committed (the group is at {committed}, its map lists "
                             f"{sorted(completed)}) but its outputs are visible: {sorted(calls)}"
                             f"{f', dead-letter copies {copies}' if copies else ''}"
