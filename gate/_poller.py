@@ -346,7 +346,11 @@ class IsolatedPoller:
 
 
 def _die_with_parent() -> None:
-    """In the child: get SIGKILL when the parent dies, so no poller outlives its owner."""
+    """In the child: get SIGKILL when the parent dies, so no poller outlives its owner; ignore
+    Ctrl-C and SIGTERM sent to the whole process group (a terminal's Ctrl-C, a service
+    manager's stop): the parent stops the child itself, after the poll in progress."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             libc = ctypes.CDLL("libc.so.6", use_errno=True)
