@@ -215,12 +215,12 @@ def parse_ready_query(query: Mapping[str, str]) -> tuple[str, str, int, int, flo
         problems.append("gate: required, 1 to 200 characters")
     if not 1 <= len(topic) <= 249:
         problems.append("topic: required, 1 to 249 characters")
-    partition = _bounded_int(query.get("partition"), MAX_PARTITION)
-    if partition is None:
-        problems.append(f"partition: required, an integer from 0 to {MAX_PARTITION}")
-    offset = _bounded_int(query.get("offset"), MAX_OFFSET)
-    if offset is None:
-        problems.append(f"offset: required, an integer from 0 to {MAX_OFFSET}")
+    partition, problem = _bounded_int("partition", query.get("partition"), MAX_PARTITION)
+    if problem:
+        problems.append(problem)
+    offset, problem = _bounded_int("offset", query.get("offset"), MAX_OFFSET)
+    if problem:
+        problems.append(problem)
     wait = 0.0
     if "wait" in query:
         try:
@@ -228,17 +228,28 @@ def parse_ready_query(query: Mapping[str, str]) -> tuple[str, str, int, int, flo
         except ValueError:
             wait = -1.0
         if not 0 <= wait < float("inf"):
-            problems.append("wait: a number of seconds, 0 or more")
+            problems.append(f"wait: must be a number of seconds >= 0, got {query['wait'][:40]!r}")
     if problems:
         raise ApiError(422, "invalid_request", "; ".join(problems))
     return gate, topic, partition, offset, wait  # type: ignore[return-value]
 
 
-def _bounded_int(text: str | None, maximum: int) -> int | None:
-    if text is None or not text.isascii() or not text.isdigit():
-        return None
-    value = int(text)
-    return value if value <= maximum else None
+def _bounded_int(name: str, text: str | None, maximum: int) -> tuple[int | None, str | None]:
+    """The integer a query parameter holds, or the problem with it in one line."""
+    expected = f"an integer from 0 to {maximum}"
+    if text is None or text == "":
+        return None, f"{name}: required, {expected}"
+    body = text[1:] if text[:1] in "+-" else text
+    if not body.isascii() or not body.isdigit():
+        return None, f"{name}: {text[:40]!r} is not an integer ({expected})"
+    if text.startswith("-") and body.strip("0"):
+        return None, f"{name}: must be >= 0, got {text[:40]}"
+    if len(body.lstrip("0")) > len(str(maximum)):
+        return None, f"{name}: must be <= {maximum}"
+    value = int(body)
+    if value > maximum:
+        return None, f"{name}: must be <= {maximum}, got {value}"
+    return value, None
 
 
 def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:

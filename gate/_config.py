@@ -112,6 +112,9 @@ class StatusSettings(_Strict):
     stall_after_ms: int = Field(default=60_000, ge=1)
     lag_window_ms: int = Field(default=30_000, ge=1)
     lag_threshold_ms: int = Field(default=10_000, ge=0)
+    behind_after_ms: int = Field(default=60_000, ge=1)
+    """A group whose oldest unprocessed record is older than this is BEHIND (never OK),
+    whether its lag grows or not."""
     rewind_window_ms: int = Field(default=300_000, ge=0)
     rewind_policy: Literal["follow", "keep_highest"] = "follow"
     history_step_ms: int = Field(default=5_000, ge=100)
@@ -122,6 +125,7 @@ class StatusSettings(_Strict):
             stall_after=self.stall_after_ms / 1000,
             lag_window=self.lag_window_ms / 1000,
             lag_threshold=self.lag_threshold_ms / 1000,
+            behind_after=self.behind_after_ms / 1000,
             rewind_window=self.rewind_window_ms / 1000,
             rewind_policy=self.rewind_policy,
         )

@@ -6,11 +6,13 @@ collector), so a poll costs nothing extra however many groups and partitions are
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -19,12 +21,26 @@ from gate._state import SEVERITY, DependencyStatus
 if TYPE_CHECKING:
     from gate._service import GateService
 
+# Counters are exposed without their ``_created`` series: they double the series count and
+# no query of the gate's needs them.
+disable_created_metrics()
+
+
+def build_version() -> str:
+    """The installed kafka-gate version ("unknown" when running from sources)."""
+    try:
+        return version("kafka-gate")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 STATUS_CODES = {
     DependencyStatus.OK: 0,
     DependencyStatus.LAGGING: 1,
     DependencyStatus.REWOUND: 2,
     DependencyStatus.STALLED: 3,
     DependencyStatus.MISSING: 4,
+    DependencyStatus.BEHIND: 5,
 }
 
 
@@ -56,6 +72,14 @@ class GateMetrics:
             ["gate", "group"],
             registry=registry,
         )
+
+        self.build_info = Gauge(
+            "gate_build_info",
+            "Always 1: the gate's version and Python version as labels.",
+            ["version", "python"],
+            registry=registry,
+        )
+        self.build_info.labels(build_version(), platform.python_version()).set(1)
 
     def watch(self, service: GateService) -> None:
         self.registry.register(_StateCollector(service))
@@ -115,7 +139,7 @@ class _StateCollector(Collector):
         )
         partition_status = GaugeMetricFamily(
             "gate_dependency_partition_status",
-            "0 OK, 1 LAGGING, 2 REWOUND, 3 STALLED, 4 MISSING.",
+            "0 OK, 1 LAGGING, 2 REWOUND, 3 STALLED, 4 MISSING, 5 BEHIND.",
             labels=["gate", "group", "topic", "partition"],
         )
         group_status = GaugeMetricFamily(
@@ -133,6 +157,12 @@ class _StateCollector(Collector):
             "Partitions on which nothing is released (no watermark).",
             labels=["gate"],
         )
+        topic_missing = GaugeMetricFamily(
+            "gate_topic_missing",
+            "1 while the topic, or one of its partitions, does not exist (an alarm: nothing "
+            "there is released).",
+            labels=["gate", "topic"],
+        )
         version = GaugeMetricFamily(
             "gate_snapshot_version", "Version of the latest snapshot.", labels=["gate"]
         )
@@ -146,6 +176,9 @@ class _StateCollector(Collector):
             now = state.now(time.monotonic(), time.time())  # ages: the time that passed
             version.add_metric([name], state.version)
             age.add_metric([name], max(0.0, now - state.snapshot.polled_at))
+            absent = {*state.missing_topics, *(t for t, _ in state.missing_partitions)}
+            for topic in service.config.gates[name].topics:
+                topic_missing.add_metric([name, topic], int(topic in absent))
             unreleased = 0
             missing_count = dict.fromkeys(state.groups, 0)
             for (topic, partition), part in state.partitions.items():
@@ -185,7 +218,7 @@ class _StateCollector(Collector):
                 missing.add_metric([name, group], missing_count[group])
 
         yield from (watermark, end_offset, committed, lag, lag_seconds, unmoved)
-        yield from (partition_status, group_status, missing, held, version, age)
+        yield from (partition_status, group_status, missing, topic_missing, held, version, age)
         yield from (waiting, waiting_seconds, stuck, unprocessed)
 
         failing = GaugeMetricFamily(

@@ -19,11 +19,12 @@ from gate._watermark import format_time
 
 
 class VerdictBody(BaseModel):
-    state: Literal["released", "flowing", "stuck", "unknown"] = Field(
+    state: Literal["released", "flowing", "stuck", "missing", "unknown"] = Field(
         description="released: nothing waits; flowing: records wait but the watermarks move "
         "(healthy); stuck: records have waited for stall_after at a watermark that has not "
-        "moved for as long (an alarm); unknown: no poll has succeeded for stale_after_s (the "
-        "other fields are the last snapshot's)."
+        "moved for as long (an alarm); missing: a topic or partition of the gate does not "
+        "exist, so nothing on it is released (an alarm); unknown: no poll has succeeded for "
+        "stale_after_s (the other fields are the last snapshot's)."
     )
     text: str = Field(description="The verdict in one line, as the status page shows it.")
     records_waiting: int = Field(description="Records held back, over all partitions.")
@@ -42,12 +43,19 @@ class VerdictBody(BaseModel):
     bottleneck: Literal["dependencies", "dependent"] | None = Field(
         description="Who records wait for: the dependencies (held back) or the dependent."
     )
+    holding: list[str] = Field(
+        description="The groups holding records back, the one holding most partitions first."
+    )
+    missing: list[str] = Field(
+        description="Missing: the topics, and partitions as topic[partition], that do not exist."
+    )
+
+
+DependencyStatusName = Literal["OK", "LAGGING", "BEHIND", "REWOUND", "STALLED", "MISSING"]
 
 
 class GroupSummary(BaseModel):
-    status: Literal["OK", "LAGGING", "REWOUND", "STALLED", "MISSING"] = Field(
-        description="Its worst partition's status."
-    )
+    status: DependencyStatusName = Field(description="Its worst partition's status.")
     holding: int = Field(description="Partitions it holds back (it is at the watermark).")
     lag: int = Field(description="Records behind the end, over all partitions.")
     lag_s: float | None = Field(
@@ -86,6 +94,9 @@ class GateSummary(BaseModel):
     )
     records_waiting: int
     missing_topics: list[str]
+    missing_partitions: list[str] = Field(
+        description="Partitions seen before that no longer exist, as topic[partition]."
+    )
     groups: dict[str, GroupSummary]
     verdict: VerdictBody
     dependent: DependentSummary | None
@@ -100,7 +111,7 @@ class GroupPositionBody(BaseModel):
     lag: int | None = Field(description="Records behind the end (null: unknown).")
     lag_s: float | None = Field(description="Age of the oldest record it has not processed.")
     lag_s_exact: bool
-    status: Literal["OK", "LAGGING", "REWOUND", "STALLED", "MISSING"]
+    status: DependencyStatusName
     moved_at: str | None = Field(description="When its committed offset last moved.")
     unmoved_s: float | None = Field(description="Seconds since then.")
 
@@ -159,13 +170,19 @@ def verdict_json(
     ``stale_after`` (no poll has succeeded since: what the last one said is no news), saying
     why when the poll's ``errors`` concerning the gate are known."""
     verdict = state.verdict
-    if verdict.state == "released":
+    if verdict.state == "missing":
+        text = _missing(verdict.missing)
+        if verdict.records_waiting:
+            text += f"; elsewhere {_records(verdict.records_waiting)} waiting"
+    elif verdict.state == "released":
         text = "every record is released"
     elif verdict.state == "flowing":
         within = verdict.released_within
         text = f"flowing: {_records(verdict.records_waiting)} in transit" + (
             f", released within {_duration(within)}" if within is not None else ""
         )
+        if verdict.holding:
+            text += f", held back by {', '.join(verdict.holding)}"
     else:
         since = now if verdict.stuck_since is None else verdict.stuck_since
         clock = datetime.fromtimestamp(since, UTC).strftime("%H:%M:%S UTC")
@@ -202,7 +219,25 @@ def verdict_json(
         "stuck_on": list(verdict.stuck_on),
         "released_unprocessed": verdict.released_unprocessed,
         "bottleneck": verdict.bottleneck,
+        "holding": list(verdict.holding),
+        "missing": list(verdict.missing),
     }
+
+
+def _missing(names: Sequence[str]) -> str:
+    topics = [n for n in names if not n.endswith("]")]
+    partitions = [n for n in names if n.endswith("]")]
+    parts = []
+    if topics:
+        noun = "topic" if len(topics) == 1 else "topics"
+        parts.append(f"{noun} {', '.join(topics)}")
+    if partitions:
+        noun = "partition" if len(partitions) == 1 else "partitions"
+        parts.append(f"{noun} {', '.join(partitions)}")
+    verb = "does" if len(names) == 1 else "do"
+    return (
+        f"missing: {' and '.join(parts)} {verb} not exist on the cluster; nothing there is released"
+    )
 
 
 def _records(count: int, kind: str = "") -> str:
@@ -261,6 +296,7 @@ def gate_summary(
         ],
         "records_waiting": sum(p.waiting or 0 for p in parts),
         "missing_topics": list(state.missing_topics),
+        "missing_partitions": [f"{t}[{p}]" for t, p in state.missing_partitions],
         "groups": groups,
         "verdict": verdict_json(state, now, stale_after, errors),
         "dependent": dependent,

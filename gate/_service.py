@@ -75,6 +75,8 @@ class GateService:
         self._stopping = False
         self._logged_errors: tuple[str, ...] = ()
         self._logged_dependent_errors: tuple[str, ...] = ()
+        self._missing: dict[str, tuple[str, ...]] = {}
+        """Per gate, the topics and partitions last logged as not existing."""
         dependencies = {g for spec in config.gates.values() for g in spec.depends_on}
         # Dependents' own groups that no gate depends on: read for their progress only, so a
         # failure to read them (e.g. an ACL covering just the dependencies) is no poll error.
@@ -193,6 +195,7 @@ class GateService:
         return states
 
     def _record_events(self, state: GateState) -> None:
+        self._log_missing(state)
         for rewind in state.rewinds:
             self.metrics.rewinds.labels(state.gate, rewind.group).inc()
             log.warning(
@@ -226,6 +229,24 @@ class GateService:
                 lost.partition,
                 lost.last,
             )
+
+    def _log_missing(self, state: GateState) -> None:
+        """One line when topics or partitions of a gate stop existing, one when they appear."""
+        missing = state.verdict.missing
+        before = self._missing.get(state.gate, ())
+        if missing == before:
+            return
+        self._missing[state.gate] = missing
+        gone = [name for name in missing if name not in before]
+        back = [name for name in before if name not in missing]
+        if gone:
+            log.warning(
+                "gate %s: %s not exist on the cluster: nothing there is released (alarm)",
+                state.gate,
+                f"{', '.join(gone)} {'does' if len(gone) == 1 else 'do'}",
+            )
+        if back:
+            log.info("gate %s: %s exist(s) now", state.gate, ", ".join(back))
 
     def _set_dependent_errors_apart(self, poll: PollResult) -> PollResult:
         """Failures to read only a dependent's own group are logged (once per change), not

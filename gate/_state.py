@@ -17,6 +17,7 @@ from gate._watermark import Partition, Snapshot
 class DependencyStatus(StrEnum):
     OK = "OK"
     LAGGING = "LAGGING"
+    BEHIND = "BEHIND"
     REWOUND = "REWOUND"
     STALLED = "STALLED"
     MISSING = "MISSING"
@@ -28,12 +29,14 @@ SEVERITY: tuple[DependencyStatus, ...] = (
     DependencyStatus.STALLED,
     DependencyStatus.REWOUND,
     DependencyStatus.LAGGING,
+    DependencyStatus.BEHIND,
     DependencyStatus.OK,
 )
 _RANK = {status: rank for rank, status in enumerate(SEVERITY)}
-OK, LAGGING, REWOUND, STALLED, MISSING = (
+OK, LAGGING, BEHIND, REWOUND, STALLED, MISSING = (
     DependencyStatus.OK,
     DependencyStatus.LAGGING,
+    DependencyStatus.BEHIND,
     DependencyStatus.REWOUND,
     DependencyStatus.STALLED,
     DependencyStatus.MISSING,
@@ -172,11 +175,15 @@ class LostOffset:
     last: int
 
 
+VerdictState = Literal["released", "flowing", "stuck", "missing"]
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The gate in one line: everything released, flowing, or stuck (an alarm)."""
+    """The gate in one line: everything released, flowing, or an alarm: stuck, or missing
+    (a topic or partition of the gate does not exist, so nothing on it is released)."""
 
-    state: Literal["released", "flowing", "stuck"]
+    state: VerdictState
     records_waiting: int
     released_within: float | None
     """Flowing: the age of the oldest record held back (how long records wait)."""
@@ -189,6 +196,10 @@ class Verdict:
     """Records released to the dependent that it has not committed yet."""
     bottleneck: Literal["dependencies", "dependent"] | None
     """Who the records wait for: the dependencies (held back) or the dependent itself."""
+    holding: tuple[str, ...] = ()
+    """The groups holding records back, the one holding the most partitions first."""
+    missing: tuple[str, ...] = ()
+    """Missing: the topics, and partitions as ``topic[partition]``, that do not exist."""
 
 
 RELEASED = Verdict("released", 0, None, None, (), 0, None)
@@ -200,6 +211,8 @@ class GateState:
     partitions: Mapping[Partition, PartitionState]
     groups: Mapping[str, DependencyStatus]
     missing_topics: tuple[str, ...] = ()
+    missing_partitions: tuple[Partition, ...] = ()
+    """Partitions the gate saw before that no longer exist (the topic has fewer now)."""
     changed: bool = True
     """Whether the watermarks differ from the previous state's."""
     rewinds: tuple[Rewind, ...] = ()

@@ -4,11 +4,14 @@
 admin API reported at one moment) and returns a :class:`GateState`. It remembers just enough
 history to tell, in the spirit of LinkedIn Burrow, whether each dependency group is
 
-* OK: its lag is small, or falling, or not growing steadily;
+* OK: its lag is small, or falling, or not growing steadily, and at most ``behind_after``
+  seconds;
 * LAGGING: its lag (in records) right after each of its commits has not fallen once across
   the whole ``lag_window``, has grown over it, and is more than ``lag_threshold`` seconds
   (see :class:`_Track`: a group that commits less often than the gate polls is judged
   across its commits);
+* BEHIND: its oldest unprocessed record is older than ``behind_after`` seconds, whether its
+  lag grows or not (a lag that is large but steady is not OK either);
 * STALLED: it has lag and its committed offset has not moved for ``stall_after`` seconds (a
   stuck or dead dependency holding everyone back);
 * REWOUND: its committed offset went backwards within ``rewind_window``;
@@ -17,14 +20,15 @@ history to tell, in the spirit of LinkedIn Burrow, whether each dependency group
 Lag is given in records and in seconds (``gate._lag``: the age of the oldest record the group
 has not processed). A partition is *held* by the group (or groups, when tied) whose offset is
 the watermark, and only while records wait there. The gate's :class:`Verdict` tells a healthy
-flow ("flowing: N records in transit, released within T") from an alarm ("stuck since T on
-G"), and, when the gate knows the dependent's own group, whether the dependent itself is the
-bottleneck (records released to it that it has not processed yet).
+flow ("flowing: N records in transit, released within T, held back by G") from an alarm
+("stuck since T on G", or a topic or partition that does not exist), and, when the gate
+knows the dependent's own group, whether the dependent itself is the bottleneck (records
+released to it that it has not processed yet).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -34,6 +38,7 @@ from gate._state import (
     _MISSING_RANK,
     _OK_RANK,
     _RANK,
+    BEHIND,
     LAGGING,
     MISSING,
     OK,
@@ -49,6 +54,7 @@ from gate._state import (
     PollResult,
     Rewind,
     Verdict,
+    VerdictState,
 )
 from gate._watermark import Partition, Snapshot, compute_watermarks
 
@@ -64,6 +70,9 @@ class StatusPolicy:
     did not fall once across the whole window and grew over it."""
     lag_threshold: float = 10.0
     """Seconds of lag below which a group is never LAGGING, however its lag moves."""
+    behind_after: float = 60.0
+    """Seconds of lag (the age of its oldest unprocessed record) beyond which a group is
+    BEHIND when it is not LAGGING: never OK, growing or not."""
     rewind_window: float = 300.0
     """Seconds a group stays REWOUND after its committed offset went backwards."""
     rewind_policy: RewindPolicy = "follow"
@@ -199,6 +208,8 @@ class GateEvaluator:
     _marks: dict[Partition, tuple[int | None, float]] = field(default_factory=dict, repr=False)
     _dependent: Mapping[Partition, int] = field(default_factory=dict, repr=False)
     _last: GateState | None = field(default=None, repr=False)
+    _counts: dict[str, int] = field(default_factory=dict, repr=False)
+    """The most partitions seen per topic: fewer now means partitions do not exist."""
 
     @property
     def last(self) -> GateState | None:
@@ -241,11 +252,16 @@ class GateEvaluator:
         policy = self.policy
         partitions: list[Partition] = []
         missing_topics: list[str] = []
+        missing_partitions: list[Partition] = []
         for topic in self.topics:
             count = poll.partition_counts.get(topic)
-            if count is None:
+            if not count:
                 missing_topics.append(topic)
                 continue
+            seen = self._counts.setdefault(topic, count)
+            if count > seen:
+                self._counts[topic] = count
+            missing_partitions.extend((topic, p) for p in range(count, seen))
             partitions.extend((topic, p) for p in range(count))
 
         resets = self._reset_moved_logs(partitions, poll.end_offsets, now)
@@ -260,6 +276,7 @@ class GateEvaluator:
         stall_after = policy.stall_after
         rewind_window = policy.rewind_window
         lag_window, lag_threshold = policy.lag_window, policy.lag_threshold
+        behind_after = policy.behind_after
         end_offsets = poll.end_offsets
         for group in self.groups:
             group_committed = poll.committed.get(group, {})
@@ -302,6 +319,8 @@ class GateEvaluator:
                     status = REWOUND
                 elif track.lagging(lag, seconds, now, lag_window, lag_threshold):
                     status = LAGGING
+                elif seconds is not None and seconds > behind_after:
+                    status = BEHIND
                 else:
                     status = OK
                 positions[tp][group] = GroupPosition(
@@ -366,12 +385,18 @@ class GateEvaluator:
             partitions=states,
             groups=overall,
             missing_topics=tuple(missing_topics),
+            missing_partitions=tuple(missing_partitions),
             changed=previous is None or previous.snapshot.watermarks != watermarks,
             rewinds=tuple(rewinds),
             lost=tuple(lost),
             resets=tuple(resets),
             poll_duration=poll.duration,
-            verdict=judge(states.values(), wall, stall_after),
+            verdict=judge(
+                states.values(),
+                wall,
+                stall_after,
+                (*missing_topics, *(f"{t}[{p}]" for t, p in missing_partitions)),
+            ),
             dependent=self.dependent,
             monotonic=poll.monotonic,
         )
@@ -379,14 +404,22 @@ class GateEvaluator:
         return state
 
 
-def judge(partitions: Iterable[PartitionState], now: float, stall_after: float) -> Verdict:
-    """Released, flowing or stuck: a partition is stuck when records have waited there for
-    ``stall_after`` seconds and its watermark has not moved for as long (records that just
-    arrived on an idle partition are not stuck, however long ago the watermark last moved)."""
+def judge(
+    partitions: Iterable[PartitionState],
+    now: float,
+    stall_after: float,
+    missing: Sequence[str] = (),
+) -> Verdict:
+    """Released, flowing, stuck, or missing: a partition is stuck when records have waited
+    there for ``stall_after`` seconds and its watermark has not moved for as long (records that
+    just arrived on an idle partition are not stuck, however long ago the watermark last
+    moved). ``missing`` (topics, and partitions as ``topic[partition]``, that do not exist)
+    makes the gate an alarm whatever its other partitions do: nothing there is released."""
     waiting = 0
     within: float | None = None
     stuck_since: float | None = None
     stuck_on: dict[str, None] = {}
+    held: Counter[str] = Counter()
     unprocessed = 0
     for part in partitions:
         unprocessed += part.released_unprocessed
@@ -394,6 +427,7 @@ def judge(partitions: Iterable[PartitionState], now: float, stall_after: float) 
         if not count:
             continue
         waiting += count
+        held.update(part.holding)
         since = part.watermark_moved_at
         age = part.waiting_seconds
         if age is not None:
@@ -402,8 +436,11 @@ def judge(partitions: Iterable[PartitionState], now: float, stall_after: float) 
         if since is not None and now - since >= stall_after:
             stuck_since = since if stuck_since is None else min(stuck_since, since)
             stuck_on.update(dict.fromkeys(part.holding))
-    if stuck_since is not None:
-        state: Literal["released", "flowing", "stuck"] = "stuck"
+    state: VerdictState
+    if missing:
+        state = "missing"
+    elif stuck_since is not None:
+        state = "stuck"
     else:
         state = "flowing" if waiting else "released"
     bottleneck: Literal["dependencies", "dependent"] | None = None
@@ -417,4 +454,6 @@ def judge(partitions: Iterable[PartitionState], now: float, stall_after: float) 
         tuple(stuck_on),
         unprocessed,
         bottleneck,
+        tuple(group for group, _ in held.most_common()),
+        tuple(missing),
     )

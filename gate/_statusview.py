@@ -14,6 +14,7 @@ from rich.text import Text
 STATUS_STYLES = {
     "OK": "green",
     "LAGGING": "yellow",
+    "BEHIND": "bold yellow",
     "STALLED": "bold red",
     "REWOUND": "bold red",
     "MISSING": "bold red",
@@ -102,6 +103,7 @@ VERDICT_STYLES = {
     "released": "green",
     "flowing": "green",
     "stuck": "bold red",
+    "missing": "bold red",
     "unknown": "bold yellow",
 }
 
@@ -127,6 +129,9 @@ def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:
         )
     if status["missing_topics"]:
         line.append(f"\nmissing topics: {', '.join(status['missing_topics'])}", style="red")
+    if status.get("missing_partitions"):
+        missing = ", ".join(status["missing_partitions"])
+        line.append(f"\nmissing partitions: {missing}", style="red")
 
     group_table = Table(title="dependency groups", title_justify="left", expand=False)
     for column, justify in (

@@ -2,6 +2,7 @@
 "use strict";
 
 const ROW_LIMIT = 200;
+const ALARMS = ["stuck", "missing"];  // verdicts shown red
 const state = {
   token: sessionStorage.getItem("gate-token") || "",
   gate: null,          // selected gate
@@ -77,8 +78,9 @@ function renderTabs(gates) {
     ...names.map((name) => {
       const summary = gates[name];
       const held = !summary || summary.held_partitions > 0;
+      const alarm = Boolean(summary) && ALARMS.includes(summary.verdict.state);
       const button = el("button", { type: "button", "data-gate": name },
-        el("span", { className: "dot", "data-held": String(held) }), name);
+        el("span", { className: "dot", "data-held": String(held), "data-alarm": String(alarm) }), name);
       if (name === state.gate) button.setAttribute("aria-current", "true");
       button.addEventListener("click", () => selectGate(name));
       return button;

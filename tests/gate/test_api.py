@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import re
 import threading
 import time
@@ -129,27 +130,36 @@ def test_a_partition_without_commits_is_null_and_not_ready(api: Harness) -> None
             404,
             "no partition 7",
         ),
-        ({"gate": "service-a", "topic": "payments", "partition": 0, "offset": -1}, 422, "offset"),
+        (
+            {"gate": "service-a", "topic": "payments", "partition": 0, "offset": -5},
+            422,
+            "offset: must be >= 0, got -5",
+        ),
+        (
+            {"gate": "service-a", "topic": "payments", "partition": -1, "offset": 1},
+            422,
+            "partition: must be >= 0, got -1",
+        ),
         (
             {"gate": "service-a", "topic": "payments", "partition": 0, "offset": "1.5"},
             422,
-            "offset",
+            "offset: '1.5' is not an integer",
         ),
         (
             {"gate": "service-a", "topic": "payments", "partition": "x", "offset": 1},
             422,
-            "partition",
+            "partition: 'x' is not an integer",
         ),
-        ({"gate": "service-a", "topic": "payments", "partition": 0}, 422, "offset"),
+        ({"gate": "service-a", "topic": "payments", "partition": 0}, 422, "offset: required"),
         (
             {"gate": "service-a", "topic": "payments", "partition": 0, "offset": 2**64},
             422,
-            "offset",
+            "offset: must be <= 9007199254740991",
         ),
         (
             {"gate": "service-a", "topic": "payments", "partition": 0, "offset": 1, "wait": -1},
             422,
-            "wait",
+            "wait: must be a number of seconds >= 0, got '-1'",
         ),
     ],
 )
@@ -243,6 +253,17 @@ def test_metrics_expose_watermarks_and_dependency_state(api: Harness) -> None:
         in text
     )
     assert "gate_snapshot_age_seconds" in text
+
+
+def test_metrics_have_build_info_and_no_created_series(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    api.client.get("/ready", params={"gate": "service-a", "topic": "payments"})
+    text = api.client.get("/metrics").text
+    assert "gate_polls_total" in text
+    assert "_created" not in text
+    info = [line for line in text.splitlines() if line.startswith("gate_build_info{")]
+    assert len(info) == 1 and info[0].endswith(" 1.0"), info
+    assert 'version="' in info[0] and f'python="{platform.python_version()}"' in info[0]
 
 
 def test_status_explains_who_holds_each_partition(api: Harness) -> None:
