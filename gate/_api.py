@@ -8,14 +8,15 @@ into a long-poll. Errors are always JSON: ``{"error": <code>, "message": <one li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path as FilePath
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,6 +44,38 @@ MAX_OFFSET = 2**53 - 1
 second), exact in every JSON implementation, so no client's rounding can cross the bound."""
 NOT_READY = 425
 """Status of ``/ready`` for a record that is not released yet (425 Too Early)."""
+
+
+T = TypeVar("T")
+
+STOPPING_EVENT = ServerSentEvent(
+    event="stopping", raw_data=json.dumps({"message": "the gate is stopping"})
+)
+"""The last event of a status stream when the gate stops."""
+
+
+class Stopping(Exception):
+    """The service began stopping while a response waited."""
+
+
+async def unless_stopping(service: GateService, waiting: Awaitable[T]) -> T:
+    """What ``waiting`` gives, unless the service begins stopping first (:class:`Stopping`)."""
+    work = asyncio.ensure_future(waiting)
+    if service.stopping.is_set():
+        work.cancel()
+        raise Stopping
+    stop = asyncio.ensure_future(service.stopping.wait())
+    try:
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, stop):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    if work.done() and not work.cancelled():
+        return work.result()
+    raise Stopping
 
 
 class ApiError(Exception):
@@ -387,7 +420,12 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                newer = await service.store.wait_published(gate, version, remaining)
+                try:
+                    newer = await unless_stopping(
+                        service, service.store.wait_published(gate, version, remaining)
+                    )
+                except Stopping:
+                    break  # the gate stops: the answer now, not at the end of the wait
                 if newer is None:
                     break
                 version = newer.version
@@ -476,7 +514,12 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
         version = int(last_event_id) if last_event_id and last_event_id.isdigit() else -1
         heartbeat = max(service.config.heartbeat_ms / 1000, 0.1)
         while True:
-            state = await service.store.wait_published(gate, version, heartbeat * 2)
+            try:
+                state = await unless_stopping(
+                    service, service.store.wait_published(gate, version, heartbeat * 2)
+                )
+            except Stopping:
+                return
             if state is None:
                 continue
             version = state.version
@@ -571,12 +614,19 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
     ) -> AsyncIterator[ServerSentEvent]:
         """Event ``status`` (id = version, data = what ``GET /status/{gate}`` returns) now
         and after every poll, at most once per ``interval`` seconds; while no poll succeeds,
-        again every half ``stale_after_s`` (at most 15 s), so the verdict turns unknown."""
+        again every half ``stale_after_s`` (at most 15 s), so the verdict turns unknown.
+        When the gate stops, a last event ``stopping`` ends the stream."""
         gate_state(gate)
         version = -1
         quiet = min(15.0, max(1.0, service.stale_after / 2))
         while True:
-            state = await service.store.wait_latest(gate, version, quiet)
+            try:
+                state = await unless_stopping(
+                    service, service.store.wait_latest(gate, version, quiet)
+                )
+            except Stopping:
+                yield STOPPING_EVENT
+                return
             if state is None:
                 state = service.store.latest(gate)
                 if state is None:
@@ -593,7 +643,11 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                     separators=(",", ":"),
                 ),
             )
-            await asyncio.sleep(interval)
+            try:
+                await unless_stopping(service, asyncio.sleep(interval))
+            except Stopping:
+                yield STOPPING_EVENT
+                return
 
     @app.get("/healthz", response_model=Liveness, summary="Liveness: the process answers")
     async def healthz() -> Liveness:

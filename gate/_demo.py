@@ -329,10 +329,11 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                 parts: list[Any] = [_table(latest, services, service_a.stats())]
                 if latest is not None:
                     verdict = verdict_json(latest, present(latest))
-                    style = "bold red" if verdict["state"] == "stuck" else "green"
+                    style = "bold red" if verdict["state"] in ("stuck", "missing") else "green"
                     parts.append(Text(f"service-a: {verdict['text']}", style=style))
                 return Group(*parts, footer)
 
+            interrupted = False
             try:
                 with Live(
                     view(), console=console, refresh_per_second=4, transient=not options.live
@@ -342,13 +343,16 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                         if options.live:
                             live.update(view())
             except KeyboardInterrupt:
-                pass
+                interrupted = True
             finally:
+                # The gate first: the services stopping next is not a stall to report.
+                served.begin_stopping()
                 stop.set()
                 for worker in workers:
                     worker.join(10)
                 service_a.stop(timeout=10)
-            console.print(view())
+            # Stopped by Ctrl-C or SIGTERM: one line of totals; at the end of --duration: all.
+            console.print(view().renderables[-1] if interrupted else view())
         failures = [f"{w.name}: {w.error}" for w in workers if w.error]
         for failure in failures:
             console.print(f"[red]{failure}[/]")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -30,15 +31,38 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(service: GateService, log_level: str = "info") -> uvicorn.Server:
-    return uvicorn.Server(
+GRACEFUL_SHUTDOWN_S = 3
+"""Longest wait at shutdown for responses still open (streams and long-polls end at once
+when the service begins stopping; this bounds anything else)."""
+
+
+class GateServer(uvicorn.Server):
+    """uvicorn's server that tells the service it is stopping before waiting for open
+    responses: its streams and long-polls end at once, so a stop takes about a second
+    however many clients are attached."""
+
+    def __init__(self, config: uvicorn.Config, service: GateService) -> None:
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.service.begin_stopping()
+        # One line says the gate stops (``gate serve`` logs it), not uvicorn's five.
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+        await super().shutdown(sockets)
+
+
+def make_server(service: GateService, log_level: str = "info") -> GateServer:
+    return GateServer(
         uvicorn.Config(
             create_app(service),
             log_level=log_level,
             access_log=log_level == "debug",
             log_config=None,
             lifespan="on",
-        )
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        ),
+        service,
     )
 
 
@@ -68,6 +92,11 @@ class ServedGate:
                 raise RuntimeError("the gate's HTTP server did not start")
             time.sleep(0.01)
         return self
+
+    def begin_stopping(self) -> None:
+        """Tell clients the gate is stopping, and evaluate no more polls (before stopping
+        what the gate watches, so that is not taken for a stall)."""
+        self.service.begin_stopping()
 
     def stop(self) -> None:
         self._server.should_exit = True

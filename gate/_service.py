@@ -73,6 +73,9 @@ class GateService:
         """The gates the last poll cycle could not refresh, with what kept it from it."""
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self.stopping = asyncio.Event()
+        """Set when the service begins to stop: streams and long-polls end at once."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._logged_errors: tuple[str, ...] = ()
         self._logged_dependent_errors: tuple[str, ...] = ()
         self._missing: dict[str, tuple[str, ...]] = {}
@@ -122,6 +125,7 @@ class GateService:
     async def start(self) -> None:
         """Start polling (and publishing to Redis) in background tasks."""
         self.prepare()
+        self._loop = asyncio.get_running_loop()
         if self.redis is not None:
             await self._continue_redis_versions()
             self._tasks.append(asyncio.create_task(self.redis.run(self.store), name="redis"))
@@ -142,8 +146,26 @@ class GateService:
         for gate, version in stored.items():
             self.evaluators[gate].version_floor = version
 
-    async def stop(self) -> None:
+    def begin_stopping(self) -> None:
+        """The service is about to stop (from any thread): it evaluates no more polls (a
+        dependency stopping meanwhile is no news), and its streams and long-polls end now
+        instead of holding the shutdown until they time out."""
         self._stopping = True
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self.stopping.set()
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self.stopping.set()
+        else:
+            loop.call_soon_threadsafe(self.stopping.set)
+
+    async def stop(self) -> None:
+        self.begin_stopping()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

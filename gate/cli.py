@@ -113,6 +113,7 @@ def serve(config: ConfigOption, log_level: LogLevel = "info") -> None:
     server.run(sockets=[sock])
     if not server.started:
         fail("the service did not start; see the log above")
+    logging.getLogger("gate").info("stopped")
 
 
 @app.command()

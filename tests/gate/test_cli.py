@@ -140,7 +140,7 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path, kafka: Kafka) -> Non
         _, stderr = process.communicate(timeout=20)
     assert process.returncode == 0  # a graceful stop
 
-    assert "Finished server process" in stderr
+    assert stderr.rstrip().endswith("gate: stopped")
     assert "Traceback" not in stderr
 
 
