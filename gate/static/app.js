@@ -45,10 +45,10 @@ async function refreshService() {
     body = await response.json();
   } catch (error) {
     if (error instanceof Unauthorized) return askForToken();
-    $("service").textContent = "unreachable";
-    $("service").dataset.state = "not-ready";
+    if (state.gone !== "gate stopping") showGone("gate unreachable");
     return;
   }
+  if (state.gone) return;  // the stream shows the gate again once it answers
   $("login").hidden = true;
   $("service").textContent = body.ready ? "ready" : "not ready";
   $("service").dataset.state = body.ready ? "ready" : "not-ready";
@@ -120,6 +120,7 @@ async function follow(gate) {
         setLive(true);
         delay = 500;
         await readEvents(response, (event, data) => {
+          if (event === "stopping") showGone("gate stopping");
           if (event !== "status") return;
           const first = !state.status;
           render(JSON.parse(data));
@@ -128,10 +129,12 @@ async function follow(gate) {
             refreshService();  // the header too, now that the gate has polled
           }
         });
+        if (state.gone !== "gate stopping") showGone("gate unreachable");  // it ended
       }
     } catch (error) {
       if (controller.signal.aborted) return;
       if (error instanceof Unauthorized) return askForToken();
+      showGone("gate unreachable");
     }
     setLive(false);
     await new Promise((resolve) => setTimeout(resolve, delay));
@@ -162,6 +165,7 @@ async function readEvents(response, onEvent) {
 }
 
 function setLive(on) {
+  if (state.gone) return;  // showGone has said it; the next status event shows the gate
   $("live").textContent = on ? "live" : "reconnecting…";
   $("live").dataset.state = on ? "live" : "off";
 }
@@ -182,7 +186,25 @@ function clock(iso) {
   return new Date(iso).toLocaleTimeString([], { hour12: false }) + "." + iso.slice(20, 23);
 }
 
+// The gate is stopping or cannot be reached: the page says so and nothing else (what it
+// showed last would be news from a dead connection).
+function showGone(text) {
+  state.gone = text;
+  showEmpty(text);
+  $("empty").dataset.state = "gone";
+  $("service").textContent = text.replace("gate ", "");
+  $("service").dataset.state = "not-ready";
+  $("service").title = "";
+  $("poll").textContent = "";
+  $("redis").textContent = "";
+  $("live").textContent = "offline";
+  $("live").dataset.state = "off";
+}
+
 function render(status) {
+  state.gone = null;
+  delete $("empty").dataset.state;
+  setLive(true);
   state.status = status;
   state.receivedAt = performance.now();  // ages: the server's, plus time since receipt
   $("empty").hidden = true;

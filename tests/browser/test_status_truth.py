@@ -1,0 +1,164 @@
+"""The status page tells the truth: a gate over a topic that does not exist is an alarm, a
+group far behind is not OK, and a gate that stops or cannot be reached says so and nothing
+else (no verdict from a dead connection). Real headless Chromium, a gate on the real broker;
+screenshots go to tests/artifacts/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+RED = "rgb(185, 28, 28)"  # --bad
+AMBER = "rgb(180, 83, 9)"  # --warn
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    executable = next(
+        (found for name in ("chromium", "chromium-browser") if (found := shutil.which(name))),
+        None,
+    )
+    if executable is None:
+        if os.environ.get("REQUIRE_BROWSER"):
+            pytest.fail("REQUIRE_BROWSER is set but no Chromium is installed")
+        pytest.skip("needs Chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        profile = tempfile.mkdtemp(prefix="chromium-")
+        context = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+def colour(page, selector: str) -> str:  # type: ignore[no-untyped-def]
+    return page.eval_on_selector(selector, "e => getComputedStyle(e).backgroundColor")
+
+
+def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def test_a_gate_over_a_missing_topic_is_a_red_alarm(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    missing = unique("no-such-topic")
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [missing], "depends_on": [unique("service-b")]}},
+        poll_interval_ms=100,
+    )
+    with serve_gate(config) as gate:
+        wait_until(lambda: httpx.get(f"{gate.url}/status/service-a").status_code == 200)
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'missing'", timeout=15_000
+        )
+        text = page.locator("#verdict").inner_text()
+        assert text.startswith(f"service-a: missing: topic {missing} does not exist"), text
+        assert "every record is released" not in text
+        dot = '#gates button[data-gate="service-a"] .dot'
+        page.wait_for_function(
+            f"document.querySelector('{dot}').dataset.alarm === 'true'", timeout=15_000
+        )
+        assert colour(page, dot) == RED
+        assert page.eval_on_selector("#verdict", "e => getComputedStyle(e).borderLeftColor") == RED
+        screenshot(page, "status-page-missing-topic.png")
+
+
+def test_a_group_far_behind_is_behind_not_ok(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 30, 1: 30})
+    b, c = unique("service-b"), unique("service-c")
+    kafka.commit(b, topic, {0: 30, 1: 30})
+    kafka.commit(c, topic, {0: 12, 1: 30})  # far behind on 0, and its lag does not grow
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b, c]}},
+        poll_interval_ms=100,
+        status={"stall_after_ms": 600_000, "behind_after_ms": 1000},
+    )
+    with serve_gate(config) as gate:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        status = f'#groups tr[data-group="{c}"] .status'
+        page.wait_for_selector(status)
+        page.wait_for_function(
+            f"document.querySelector('{status}').textContent === 'BEHIND'", timeout=15_000
+        )
+        assert page.eval_on_selector(status, "e => getComputedStyle(e).color") == AMBER
+        assert page.locator(f'#groups tr[data-group="{b}"] .status').inner_text() == "OK"
+        verdict = page.locator("#verdict").inner_text()
+        assert verdict.startswith("service-a: flowing: 18 records in transit"), verdict
+        assert verdict.endswith(f"held back by {c}"), verdict
+        screenshot(page, "status-page-behind.png")
+
+
+def test_a_stopping_gate_shows_that_and_nothing_else(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 30})
+    b = unique("service-b")
+    kafka.commit(b, topic, {0: 12})
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b]}},
+        poll_interval_ms=100,
+        status={"stall_after_ms": 1000},
+    )
+    gate = serve_gate(config).start()
+    try:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'stuck'", timeout=15_000
+        )
+        page.evaluate(
+            """() => {
+                window.__said = [];
+                const empty = document.getElementById('empty');
+                new MutationObserver(() => window.__said.push(empty.textContent))
+                    .observe(empty, {childList: true, characterData: true, subtree: true});
+            }"""
+        )
+    finally:
+        gate.stop()
+    page.wait_for_function(
+        "document.getElementById('gate').hidden"
+        " && document.getElementById('empty').textContent === 'gate unreachable'",
+        timeout=15_000,
+    )
+    assert "gate stopping" in page.evaluate("window.__said")  # the gate said so as it stopped
+    shown = page.locator("body").inner_text()
+    for stale in ("stuck", "STALLED", "flowing", "released", "old"):
+        assert stale not in shown, shown  # nothing derived from the dead connection
+    assert page.locator("#live").get_attribute("data-state") == "off"
+    assert page.locator("#live").inner_text() != "live"
+    assert page.locator("#service").inner_text() == "unreachable"
+    screenshot(page, "status-page-gate-stopped.png")
