@@ -190,6 +190,7 @@ function clock(iso) {
 // showed last would be news from a dead connection).
 function showGone(text) {
   state.gone = text;
+  document.body.dataset.gone = "true";  // greys the gates' dots: they are old news
   showEmpty(text);
   $("empty").dataset.state = "gone";
   $("service").textContent = text.replace("gate ", "");
@@ -203,6 +204,7 @@ function showGone(text) {
 
 function render(status) {
   state.gone = null;
+  delete document.body.dataset.gone;
   delete $("empty").dataset.state;
   setLive(true);
   state.status = status;

@@ -161,4 +161,5 @@ def test_a_stopping_gate_shows_that_and_nothing_else(browser, kafka: Kafka) -> N
     assert page.locator("#live").get_attribute("data-state") == "off"
     assert page.locator("#live").inner_text() != "live"
     assert page.locator("#service").inner_text() == "unreachable"
+    assert colour(page, '#gates button[data-gate="service-a"] .dot') == "rgb(156, 163, 175)"
     screenshot(page, "status-page-gate-stopped.png")

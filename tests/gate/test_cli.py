@@ -225,6 +225,43 @@ def test_status_explains_who_holds_which_partition(kafka: Kafka) -> None:
         assert_no_traceback(each)
 
 
+def test_status_shows_a_missing_topic_and_a_group_far_behind(kafka: Kafka) -> None:
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 30})
+    b, c = unique("service-b"), unique("service-c")
+    kafka.commit(b, topic, {0: 30})
+    kafka.commit(c, topic, {0: 12})  # far behind, and its lag does not grow
+    missing = unique("no-such-topic")
+    config = gate_config(
+        kafka.bootstrap,
+        {
+            "lost": {"topics": [missing], "depends_on": [b]},
+            "behind": {"topics": [topic], "depends_on": [b, c]},
+        },
+        poll_interval_ms=100,
+        status={"stall_after_ms": 600_000, "behind_after_ms": 1000},
+    )
+    with serve_gate(config) as gate:
+
+        def c_is_behind() -> bool:
+            body = httpx.get(f"{gate.url}/status/behind").json()
+            return body.get("groups", {}).get(c, {}).get("status") == "BEHIND"
+
+        wait_until(c_is_behind, timeout=15, what="service-c BEHIND")
+        lost = run("status", "--url", gate.url, "--gate", "lost")
+        behind = run("status", "--url", gate.url, "--gate", "behind")
+    assert lost.returncode == 0, lost.stderr
+    assert f"lost: missing: topic {missing} does not exist on the cluster" in lost.stdout
+    assert "every record is released" not in lost.stdout
+    assert behind.returncode == 0, behind.stderr
+    assert "behind: flowing: 18 records in transit" in behind.stdout
+    assert f"held back by {c}" in behind.stdout
+    row = next(line for line in behind.stdout.splitlines() if line.startswith(f"│ {c}"))
+    assert row.split("│")[2].strip() == "BEHIND", row
+    for each in (lost, behind):
+        assert_no_traceback(each)
+
+
 def test_status_of_an_unreachable_gate_is_one_line() -> None:
     result = run("status", "--url", f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 1
