@@ -255,6 +255,27 @@ def test_metrics_expose_watermarks_and_dependency_state(api: Harness) -> None:
     assert "gate_snapshot_age_seconds" in text
 
 
+def test_a_missing_topic_is_an_alarm_in_status_and_metrics(api: Harness) -> None:
+    state = api.evaluator.observe(
+        PollResult(
+            started_at=time.time(),
+            finished_at=time.time(),
+            partition_counts={},
+            end_offsets={},
+            committed={},
+        )
+    )
+    api.client.portal.call(api.service.store.update, state)
+    verdict = api.client.get("/status").json()["gates"]["service-a"]["verdict"]
+    assert verdict["state"] == "missing" and verdict["missing"] == ["payments"]
+    assert verdict["text"].startswith("missing: topic payments does not exist on the cluster")
+    text = api.client.get("/metrics").text
+    assert 'gate_topic_missing{gate="service-a",topic="payments"} 1.0' in text
+    api.publish(*ARTICLE)
+    text = api.client.get("/metrics").text
+    assert 'gate_topic_missing{gate="service-a",topic="payments"} 0.0' in text
+
+
 def test_metrics_have_build_info_and_no_created_series(api: Harness) -> None:
     api.publish(*ARTICLE)
     api.client.get("/ready", params={"gate": "service-a", "topic": "payments"})

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -260,6 +261,40 @@ def test_status_shows_a_missing_topic_and_a_group_far_behind(kafka: Kafka) -> No
     assert row.split("│")[2].strip() == "BEHIND", row
     for each in (lost, behind):
         assert_no_traceback(each)
+
+
+def test_serve_logs_a_missing_topic_once_and_once_when_it_appears(
+    tmp_path: Path, kafka: Kafka
+) -> None:
+    topic = unique("later")
+    group = unique("CG")
+    path = config_file(
+        tmp_path,
+        kafka.bootstrap,
+        f"a:\n  topics: [{topic}]\n  depends_on: [{group}]\n",
+        f"poll_interval_ms: 50\nmetadata_interval_ms: 100\nhttp:\n  port: {free_port()}\n",
+    )
+    process = subprocess.Popen(
+        [*GATE, "serve", "--config", str(path)], stderr=subprocess.PIPE, text=True
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr or []), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: any("not exist" in line for line in lines), timeout=30)
+        time.sleep(2)  # some 40 polls more, the topic still missing
+        kafka.create_topic(1, name=topic)
+        wait_until(lambda: any("exist(s) now" in line for line in lines), timeout=30)
+        time.sleep(1)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        reader.join(10)
+    missing = [line for line in lines if "not exist" in line]
+    assert len(missing) == 1, lines
+    assert f"gate a: {topic} does not exist on the cluster" in missing[0]
+    assert "WARNING" in missing[0]
+    assert len([line for line in lines if "exist(s) now" in line]) == 1, lines
 
 
 def test_status_of_an_unreachable_gate_is_one_line() -> None:
