@@ -316,13 +316,13 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
             console.print(header)
             started = time.monotonic()
 
-            def view() -> Group:
+            def view(stopped: bool = False) -> Group:
                 elapsed = time.monotonic() - started
                 footer = Text(
                     f"{elapsed:5.1f}s  produced {producer.produced:,}  "
                     + "  ".join(f"{s.group} processed {s.processed:,}" for s in services)
                     + f"  service-a processed {service_a.handler.processed:,}"
-                    + ("" if options.duration else "   (Ctrl-C to stop)"),
+                    + ("" if options.duration or stopped else "   (Ctrl-C to stop)"),
                     style="dim",
                 )
                 latest = service.store.latest("service-a")
@@ -352,7 +352,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
                     worker.join(10)
                 service_a.stop(timeout=10)
             # Stopped by Ctrl-C or SIGTERM: one line of totals; at the end of --duration: all.
-            console.print(view().renderables[-1] if interrupted else view())
+            console.print(view(True).renderables[-1] if interrupted else view(True))
         failures = [f"{w.name}: {w.error}" for w in workers if w.error]
         for failure in failures:
             console.print(f"[red]{failure}[/]")
