@@ -131,7 +131,7 @@ def test_every_table_fits_a_1280_px_window(browser, scenario, kafka: Kafka) -> N
         for head in page.locator(f"#{table} th").all():
             assert head.evaluate(INSIDE), f"{table}: column {head.inner_text()!r} is cut"
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "status-page.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "status-page-1280.png"), full_page=True)
     assert page.errors == []
 
 
@@ -155,7 +155,7 @@ def test_held_back_by_stays_in_view_on_a_420_px_phone(browser, scenario) -> None
     mostly = page.locator(f'#topics tr[data-topic="{topic}"] [data-field="holding"]')
     assert mostly.inner_text() == f"{c} (2)" and mostly.evaluate(INSIDE)
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "status-page-narrow.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "status-page-420.png"), full_page=True)
     assert page.errors == []
 
 
