@@ -24,21 +24,34 @@ function columns() {
   ];
 }
 
+// The header row is rebuilt only when the columns change (a group or the dependent comes or
+// goes), not after every poll: a click on a column's name is never lost to a redraw.
+function renderHead(cols) {
+  const head = $("partitions").tHead.rows[0];
+  const signature = JSON.stringify(cols.map((c) => [c.key, c.label]));
+  if (head.dataset.signature !== signature) {
+    head.dataset.signature = signature;
+    head.replaceChildren(...cols.map((c) => {
+      const th = el("th", { "data-key": c.key, className: [c.num ? "num" : "", c.className || ""].join(" ").trim(),
+        title: c.group ? `${c.group}: committed offset (how far behind the end)` : "", text: c.label });
+      th.addEventListener("click", () => {
+        state.sort = { key: c.key, desc: state.sort.key === c.key ? !state.sort.desc : c.num };
+        renderPartitions();
+      });
+      return th;
+    }));
+  }
+  for (const th of head.cells) {
+    if (th.dataset.key === state.sort.key) th.setAttribute("aria-sort", state.sort.desc ? "descending" : "ascending");
+    else th.removeAttribute("aria-sort");
+  }
+}
+
 function renderPartitions() {
   const status = state.status;
   if (!status) return;
   const cols = columns();
-  const head = $("partitions").tHead.rows[0];
-  head.replaceChildren(...cols.map((c) => {
-    const th = el("th", { "data-key": c.key, className: [c.num ? "num" : "", c.className || ""].join(" ").trim(),
-      title: c.group ? `${c.group}: committed offset (how far behind the end)` : "" , text: c.label });
-    if (state.sort.key === c.key) th.setAttribute("aria-sort", state.sort.desc ? "descending" : "ascending");
-    th.addEventListener("click", () => {
-      state.sort = { key: c.key, desc: state.sort.key === c.key ? !state.sort.desc : c.num };
-      renderPartitions();
-    });
-    return th;
-  }));
+  renderHead(cols);
 
   const query = $("filter").value.trim().toLowerCase();
   const onlyHeld = $("only-held").checked;
