@@ -10,6 +10,7 @@ const state = {
   sort: { key: "waiting", desc: true },
   showAll: false,
   stream: null,        // AbortController of the running stream
+  history: null,       // latest GET /status/{gate}/history body
 };
 
 const $ = (id) => document.getElementById(id);
@@ -92,6 +93,7 @@ function selectGate(name) {
   if (!name || name === state.gate) return;
   state.gate = name;
   state.status = null;
+  state.history = null;
   state.showAll = false;
   $("charts").replaceChildren();
   history.replaceState(null, "", `#gate=${encodeURIComponent(name)}`);
@@ -210,7 +212,9 @@ function render(status) {
   state.status = status;
   state.receivedAt = performance.now();  // ages: the server's, plus time since receipt
   $("empty").hidden = true;
+  $("loading").hidden = true;
   $("gate").hidden = false;
+  $("updated-line").hidden = false;
   $("updated").textContent = new Date().toLocaleTimeString();
   const parts = status.partitions;
   const groups = Object.keys(status.groups);
@@ -267,45 +271,20 @@ function render(status) {
   $("topics").tBodies[0].replaceChildren(...Object.entries(topics).map(([topic, t]) => {
     const by = Object.entries(t.by).sort((a, b) => b[1] - a[1]).map(([g, n]) => `${g} (${n})`);
     return el("tr", { "data-topic": topic },
-      el("td", { text: topic }),
-      el("td", { className: "num", text: fmt(t.partitions) }),
-      el("td", { className: "num", text: fmt(t.held) }),
-      el("td", { className: "num", text: fmt(t.waiting) }),
-      el("td", { className: "holding", text: by.join(", ") || "–" }));
+      el("td", { className: "topic", text: topic }),
+      el("td", { className: "num", "data-field": "waiting", text: fmt(t.waiting) }),
+      el("td", { className: "holding", "data-field": "holding", text: by.join(", ") || "–" }),
+      el("td", { className: "num", "data-field": "held", text: fmt(t.held) }),
+      el("td", { className: "num", "data-field": "partitions", text: fmt(t.partitions) }));
   }));
 
   renderPartitions();
+  renderCharts();
 }
 
-// ---- charts: the last minutes, from GET /status/{gate}/history --------------------------------
-
-const SVG = "http://www.w3.org/2000/svg";
-
-function sparkline(className, values) {
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("class", className);
-  svg.setAttribute("viewBox", "0 0 100 40");
-  svg.setAttribute("preserveAspectRatio", "none");
-  svg.setAttribute("role", "img");
-  const known = values.filter((v) => v !== null && v !== undefined);
-  if (known.length) {
-    const max = Math.max(...known, 1e-9);
-    const step = values.length > 1 ? 100 / (values.length - 1) : 100;
-    const points = values.map((v, i) => (v === null || v === undefined ? null : `${(i * step).toFixed(2)},${(38 - (v / max) * 36).toFixed(2)}`));
-    const line = document.createElementNS(SVG, "polyline");
-    line.setAttribute("points", points.filter(Boolean).join(" "));
-    svg.append(line);
-  }
-  return svg;
-}
-
-function chart(title, detail, lines, span) {
-  const node = el("div", { className: "chart", "data-chart": title },
-    el("div", { className: "title", text: title + " " }, el("span", { className: "muted", text: detail })));
-  for (const [className, values] of lines) node.append(sparkline(className, values));
-  node.append(el("div", { className: "legend" }, el("span", { text: `${seconds(span)} ago` }), el("span", { text: "now" })));
-  return node;
-}
+// ---- charts: the last minutes, from GET /status/{gate}/history ----------------------------
+// The lines end with the snapshot the cards show, and the headers show its numbers: the
+// history is fetched every few seconds, the snapshot arrives after every poll.
 
 async function refreshHistory() {
   const gate = state.gate;
@@ -320,109 +299,50 @@ async function refreshHistory() {
     return;
   }
   if (gate !== state.gate) return;
-  const points = body.points;
-  const span = points.length ? body.now - points[0].t : body.span_s;
-  const charts = [];
+  state.history = body;
+  renderCharts();
+}
+
+function number(field, value) {
+  return el("span", { "data-field": field, text: value });
+}
+
+function renderCharts() {
+  const status = state.status;
+  const history = state.history;
+  if (!status || !history || history.gate !== status.gate) return;
+  const now = Date.parse(status.polled_at) / 1000;
+  const points = history.points.filter((p) => p.t <= now);
+  const start = points.length ? points[0].t : now - history.step_s;
+  const series = (key, label, unit, past, current) => ({
+    key, label, unit,
+    points: [...points.map((p) => ({ t: p.t, v: past(p) })), { t: now, v: current }],
+  });
   // Released per second between consecutive points (their times, not the nominal step: polls
   // may be slower than the step, or have failed for a while).
-  const rates = points.map((p, i) => {
-    if (!i) return null;
-    const dt = p.t - points[i - 1].t;
-    return dt > 0 ? Math.max(0, p.released - points[i - 1].released) / dt : null;
+  const rates = points.slice(1).map((p, i) => {
+    const dt = p.t - points[i].t;
+    return { t: p.t, v: dt > 0 ? Math.max(0, p.released - points[i].released) / dt : null };
   });
-  const lastRate = rates.length ? rates[rates.length - 1] : null;
-  const last = points[points.length - 1];
-  charts.push(chart(`${gate}: released`, lastRate === null ? "" : `${fmt(Math.round(lastRate))}/s now · ${fmt(last.waiting)} waiting`,
-    [["released", rates], ["records", points.map((p) => p.waiting)]], span));
-  for (const g of Object.keys(state.status.groups)) {
-    const lag = points.map((p) => (p.groups[g] ? p.groups[g].lag : null));
-    const lagS = points.map((p) => (p.groups[g] ? p.groups[g].lag_s : null));
-    const now = last && last.groups[g] ? last.groups[g] : null;
-    charts.push(chart(g, now ? `lag ${fmt(now.lag)} records · ${seconds(now.lag_s)}` : "",
-      [["records", lag], ["seconds", lagS]], span));
+  const lastRate = rates.length ? rates[rates.length - 1].v : null;
+  const gate = status.gate;
+  const charts = [drawChart(`${gate}: released`,
+    el("span", { className: "muted" },
+      ...(lastRate === null ? [] : [number("rate", fmt(Math.round(lastRate))), "/s now · "]),
+      number("waiting", fmt(status.records_waiting)), " waiting"),
+    [{ key: "released", label: "released", unit: "/s", points: rates },
+      series("records", "records waiting", "records", (p) => p.waiting, status.records_waiting)],
+    start, now)];
+  for (const [g, group] of Object.entries(status.groups)) {
+    const past = (p) => p.groups[g] || {};
+    charts.push(drawChart(g,
+      el("span", { className: "muted" }, "lag ", number("lag", fmt(group.lag)), " records · ",
+        number("lag-s", seconds(group.lag_s, group.lag_s_exact))),
+      [series("records", "lag", "records", (p) => past(p).lag, group.lag),
+        series("seconds", "lag", "s", (p) => past(p).lag_s, group.lag_s)],
+      start, now));
   }
   $("charts").replaceChildren(...charts);
-}
-
-function columns() {
-  const groups = state.status ? Object.keys(state.status.groups) : [];
-  return [
-    { key: "topic", label: "topic", value: (p) => p.topic },
-    { key: "partition", label: "partition", num: true, value: (p) => p.partition },
-    { key: "end", label: "end offset", num: true, value: (p) => p.end_offset },
-    { key: "watermark", label: "watermark", num: true, value: (p) => p.watermark },
-    { key: "waiting", label: "records waiting", num: true, value: (p) => p.waiting },
-    { key: "oldest", label: "oldest waiting", num: true, value: (p) => (p.waiting ? p.waiting_s : null) },
-    ...groups.map((g) => ({
-      key: `group:${g}`, label: g, num: true, group: g,
-      value: (p) => (p.groups[g] ? p.groups[g].lag : null),
-    })),
-    { key: "holding", label: "held back by", value: (p) => p.holding.join(", ") },
-    ...(state.status && state.status.dependent && state.status.dependent.committed
-      ? [{ key: "dependent", label: `${state.status.dependent.group} (dependent)`, num: true, value: (p) => p.dependent }]
-      : []),
-  ];
-}
-
-function renderPartitions() {
-  const status = state.status;
-  if (!status) return;
-  const cols = columns();
-  const head = $("partitions").tHead.rows[0];
-  head.replaceChildren(...cols.map((c) => {
-    const th = el("th", { "data-key": c.key, className: c.num ? "num" : "",
-      title: c.group ? `${c.group}: committed offset (how far behind the end)` : "" , text: c.label });
-    if (state.sort.key === c.key) th.setAttribute("aria-sort", state.sort.desc ? "descending" : "ascending");
-    th.addEventListener("click", () => {
-      state.sort = { key: c.key, desc: state.sort.key === c.key ? !state.sort.desc : c.num };
-      renderPartitions();
-    });
-    return th;
-  }));
-
-  const query = $("filter").value.trim().toLowerCase();
-  const onlyHeld = $("only-held").checked;
-  let rows = status.partitions.filter((p) => {
-    if (onlyHeld && !isHeld(p)) return false;
-    if (!query) return true;
-    const text = `${p.topic} ${p.topic}[${p.partition}] ${p.partition} ${Object.keys(p.groups).join(" ")}`;
-    return text.toLowerCase().includes(query);
-  });
-  const sortBy = cols.find((c) => c.key === state.sort.key) || cols[4];
-  const sign = state.sort.desc ? -1 : 1;
-  rows.sort((a, b) => {
-    const x = sortBy.value(a), y = sortBy.value(b);
-    if (x === y) return a.topic.localeCompare(b.topic) || a.partition - b.partition;
-    if (x === null || x === undefined) return 1;
-    if (y === null || y === undefined) return -1;
-    return (typeof x === "string" ? x.localeCompare(y) : x - y) * sign;
-  });
-  const total = rows.length;
-  if (!state.showAll) rows = rows.slice(0, ROW_LIMIT);
-  $("shown").textContent = `${fmt(rows.length)} of ${fmt(total)} partitions`;
-  $("more").hidden = rows.length >= total;
-
-  $("partitions").tBodies[0].replaceChildren(...rows.map((p) => el("tr",
-    { "data-topic": p.topic, "data-partition": p.partition, "data-held": String(isHeld(p)) },
-    el("td", { text: p.topic }),
-    el("td", { className: "num", text: p.partition }),
-    el("td", { className: "num", "data-field": "end", text: fmt(p.end_offset) }),
-    el("td", { className: "num", "data-field": "watermark", text: p.watermark === null ? "none" : fmt(p.watermark) }),
-    el("td", { className: "num", "data-field": "waiting", text: fmt(p.waiting) }),
-    el("td", { className: "num", "data-field": "oldest", text: p.waiting ? seconds(p.waiting_s) : "" }),
-    ...Object.keys(status.groups).map((g) => {
-      const pos = p.groups[g];
-      const cell = el("td", { className: "num", "data-group": g });
-      if (!pos) return cell;
-      cell.append(el("span", { "data-field": "committed", text: pos.committed === null ? "none" : fmt(pos.committed) }));
-      if (pos.lag) cell.append(el("span", { className: "sub", text: `−${fmt(pos.lag)}` }));
-      if (pos.status !== "OK") cell.append(el("span", { className: "sub status", "data-status": pos.status, text: pos.status }));
-      return cell;
-    }),
-    el("td", { className: "holding", "data-field": "holding", text: p.holding.join(", ") }),
-    ...(status.dependent && status.dependent.committed
-      ? [el("td", { className: "num", "data-field": "dependent", text: fmt(p.dependent) })] : []),
-  )));
 }
 
 function tickAge() {
@@ -435,6 +355,7 @@ function tickAge() {
 
 function showEmpty(text) {
   $("gate").hidden = true;
+  $("loading").hidden = true;
   $("empty").hidden = false;
   $("empty").textContent = text;
 }
@@ -444,6 +365,7 @@ function askForToken() {
   $("service").textContent = "token required";
   $("service").dataset.state = "not-ready";
   $("login").hidden = false;
+  $("loading").hidden = true;
   if (state.token) $("login-error").textContent = "That token was refused.";
 }
 
@@ -452,6 +374,7 @@ $("login").addEventListener("submit", (event) => {
   state.token = $("token").value.trim();
   sessionStorage.setItem("gate-token", state.token);
   $("login-error").textContent = "";
+  $("loading").hidden = Boolean(state.status);
   const gate = state.gate;
   state.gate = null;
   refreshService().then(() => { if (gate && !state.gate) selectGate(gate); });
