@@ -401,6 +401,7 @@ class ParallelConsumer(ConsumerLoop):
             self._dead_letters.close()
         if self._runner is not None:
             self._runner.close(wait=1.0 if self._stop and self._stop[0] else 0.0)
+            self._runner.work.failures.flush()
         self._outputs.close(timeout=5.0)
         if self._collector is not None and self.registry is not None:
             with contextlib.suppress(KeyError):

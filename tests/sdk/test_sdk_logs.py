@@ -96,3 +96,42 @@ def test_a_long_hold_is_told(kafka: Kafka, caplog: pytest.LogCaptureFixture) -> 
         consumer.stop(timeout=10)
     held = [line for line in _lines(caplog, "sdk", logging.WARNING) if "held for" in line]
     assert f"{topic}[0]" in held[0] and dependency in held[0], held
+
+
+def test_failing_records_are_summarised_not_logged_per_attempt(
+    kafka: Kafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sdk")
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 3})
+    attempts: list[int] = []
+
+    def handle(record: object) -> None:
+        attempts.append(1)
+        raise ValueError("no account 17")
+
+    consumer = ParallelConsumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": unique("a"),
+            "group.instance.id": unique("a"),
+            "session.timeout.ms": 6000,
+            "auto.offset.reset": "earliest",
+        },
+        [topic],
+        handle,
+        Options(retry_delay=lambda attempt, error: 0.02),
+        registry=None,
+    )
+    consumer.start()
+    try:
+        wait_until(lambda: len(attempts) >= 30, timeout=30, what="many failed attempts")
+    finally:
+        consumer.stop(timeout=5)
+    lines = _lines(caplog, "sdk", logging.WARNING)
+    # The first failure of each record is told; the attempts after it only in the summary.
+    assert len(lines) <= 3 + 1, lines
+    summary = lines[-1]
+    assert summary.startswith("1 record failed") or "records failed" in summary, lines
+    assert f"first: {topic}[0]@0 ValueError: no account 17" in summary, summary
+    assert f"failed {len(attempts)} attempts since" in summary, summary
