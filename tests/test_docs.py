@@ -109,6 +109,7 @@ class Run:
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            start_new_session=True,  # a process group of its own, as in a terminal
         )
         self.out: list[str] = []
         self.first_line_after: float | None = None
@@ -129,9 +130,13 @@ class Run:
             time.sleep(0.05)
 
     def stop(self, signum: int) -> tuple[int, str]:
-        """Send ``signum`` unless it has ended; its exit code and stderr."""
+        """Send ``signum`` unless it has ended; its exit code and stderr. SIGINT goes to the
+        whole process group, as Ctrl-C in a terminal does (child processes get it too)."""
         if self.process.poll() is None:
-            self.process.send_signal(signum)
+            if signum == signal.SIGINT:
+                os.killpg(self.process.pid, signum)
+            else:
+                self.process.send_signal(signum)
         try:
             code = self.process.wait(60)
         finally:
