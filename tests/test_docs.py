@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -189,3 +190,46 @@ def test_a_consumer_snippet_answers_at_once_after_ctrl_c(
     assert again.first_line_after <= FIRST_RECORD_WITHIN, (
         f"{where} printed its first line {again.first_line_after:.1f} s after a Ctrl-C"
     )
+
+
+def test_the_demo_says_which_busy_ports_it_moved_off(tmp_path: Path) -> None:
+    """The docs promise ports 9092, 6379 and 8080 when free; when not, one line each says
+    where it went, after the export line, which stays first."""
+    with socket.socket() as kafka, socket.socket() as redis, socket.socket() as http:
+        for busy in (kafka, redis, http):
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+        ports = [busy.getsockname()[1] for busy in (kafka, redis, http)]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-u",
+                "-m",
+                "gate.cli",
+                "demo",
+                "--no-live",
+                "--duration",
+                "2",
+                "--kafka-port",
+                str(ports[0]),
+                "--redis-port",
+                str(ports[1]),
+                "--port",
+                str(ports[2]),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("export KAFKA_BOOTSTRAP="), lines[:3]
+    env = dict(pair.split("=", 1) for pair in lines[0].split()[1:])
+    said = [line for line in lines if "is busy" in line]
+    assert said == [
+        f"port {ports[0]} is busy: the broker listens on {env['KAFKA_BOOTSTRAP']}",
+        f"port {ports[1]} is busy: Redis listens on port {env['REDIS_URL'].split(':')[2][:-2]}",
+        f"port {ports[2]} is busy: the gate listens on {env['GATE_URL']}",
+    ], lines[:6]
