@@ -87,10 +87,23 @@ def demo() -> Iterator[dict[str, str]]:
 
 
 FIRST_RECORD_WITHIN = 5.0
-"""Seconds from a snippet's start to its first printed line: the bound a reader is promised.
-It includes starting Python and importing the SDK (about 1 s on a loaded 2-core machine) and
-joining the group (well under a second on the demo's broker); a consumer whose group join
-waits out a session timeout (22 s with librdkafka's default on some brokers) fails it."""
+"""Seconds from a snippet's start to its first printed line, beyond what starting Python and
+importing the SDK takes on this machine at this moment: the 5 s a reader is promised. Starting
+Python is measured in the same test (about 1 s on an idle 2-core machine, 5 s and more on a
+loaded one, where a fixed bound would fail for reasons not the snippet's) and counted twice:
+the embedded source starts a second Python process for its admin client. Joining the group
+takes well under a second on the demo's broker. A consumer whose join waits out a session timeout
+(22 s with librdkafka's default on some brokers), or a group a vanished member holds, fails
+it by far."""
+
+
+def python_start(directory: Path, env: dict[str, str]) -> float:
+    """Seconds until a script that imports the SDK prints a line, now, on this machine."""
+    run = Run("import confluent_kafka\nimport sdk\nprint('ready')\n", directory, env)
+    code, stderr = run.stop(None)  # it ends by itself
+    assert code == 0 and run.first_line_after is not None, stderr
+    return run.first_line_after
+
 
 CONSUMERS = [(w, c) for w, c in snippets() if "stop_on_signals(" in c or "consumer.poll(" in c]
 """The snippets that keep running until stopped."""
@@ -130,10 +143,11 @@ class Run:
                 return
             time.sleep(0.05)
 
-    def stop(self, signum: int) -> tuple[int, str]:
-        """Send ``signum`` unless it has ended; its exit code and stderr. SIGINT goes to the
-        whole process group, as Ctrl-C in a terminal does (child processes get it too)."""
-        if self.process.poll() is None:
+    def stop(self, signum: int | None) -> tuple[int, str]:
+        """Send ``signum`` unless it has ended (None: wait for it to end); its exit code and
+        stderr. SIGINT goes to the whole process group, as Ctrl-C in a terminal does (child
+        processes get it too)."""
+        if signum is not None and self.process.poll() is None:
             if signum == signal.SIGINT:
                 os.killpg(self.process.pid, signum)
             else:
@@ -159,6 +173,7 @@ def _assert_stopped_cleanly(where: str, code: int, stderr: str) -> None:
 def test_the_snippet_runs_as_written(
     demo: dict[str, str], where: str, code: str, tmp_path: Path
 ) -> None:
+    bound = 2 * python_start(tmp_path, demo) + FIRST_RECORD_WITHIN
     run = Run(code, tmp_path, demo)
     run.wait_for_lines(3, timeout=120)
     exit_code, stderr = run.stop(signal.SIGTERM)  # a consumer: it has shown it works
@@ -166,8 +181,8 @@ def test_the_snippet_runs_as_written(
     assert run.out, f"{where} printed nothing"
     if not where.startswith("docs/spark.md"):  # starting Spark alone takes longer
         assert run.first_line_after is not None
-        assert run.first_line_after <= FIRST_RECORD_WITHIN, (
-            f"{where} printed its first line after {run.first_line_after:.1f} s"
+        assert run.first_line_after <= bound, (
+            f"{where} printed its first line after {run.first_line_after:.1f} s (bound {bound:.1f})"
         )
 
 
@@ -182,13 +197,15 @@ def test_a_consumer_snippet_answers_at_once_after_ctrl_c(
     exit_code, stderr = first.stop(signal.SIGINT)
     _assert_stopped_cleanly(where, exit_code, stderr)
 
+    bound = 2 * python_start(tmp_path, demo) + FIRST_RECORD_WITHIN
     again = Run(code, tmp_path, demo)
     again.wait_for_lines(1, timeout=60)
     exit_code, stderr = again.stop(signal.SIGINT)
     _assert_stopped_cleanly(where, exit_code, stderr)
     assert again.first_line_after is not None, f"{where} printed nothing after a Ctrl-C"
-    assert again.first_line_after <= FIRST_RECORD_WITHIN, (
+    assert again.first_line_after <= bound, (
         f"{where} printed its first line {again.first_line_after:.1f} s after a Ctrl-C"
+        f" (bound {bound:.1f})"
     )
 
 
