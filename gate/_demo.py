@@ -28,7 +28,7 @@ from rich.text import Text
 
 from gate._config import parse_config
 from gate._kafkalog import KafkaLog
-from gate._local import LocalBroker, LocalRedis
+from gate._local import LocalNoida, LocalRedis
 from gate._redis import watermarks_key
 from gate._report import verdict_json
 from gate._serve import ListenError, ServedGate
@@ -177,14 +177,32 @@ def _port(wanted: int) -> int | None:
 
 
 @contextlib.contextmanager
-def _local_services(options: DemoOptions) -> Iterator[tuple[str, str | None]]:
+def _local_services(options: DemoOptions, moved: list[str]) -> Iterator[tuple[str, str | None]]:
+    """The broker and Redis to use, started here unless given; a port that was busy and
+    replaced by another is noted in ``moved``.
+
+    The local broker is noida-db: a consumer group's first join there takes well under a
+    second, and a static member (``group.instance.id``) restarted after a crash is assigned its
+    partitions at once, so the docs' examples answer in seconds, also right after a Ctrl-C.
+    """
     with contextlib.ExitStack() as stack:
         bootstrap = options.bootstrap
         if not bootstrap:
-            bootstrap = stack.enter_context(LocalBroker(_port(options.kafka_port))).bootstrap
+            port = _port(options.kafka_port)
+            bootstrap = stack.enter_context(LocalNoida(port)).bootstrap
+            if port is None:
+                moved.append(
+                    f"port {options.kafka_port} is busy: the broker listens on {bootstrap}"
+                )
         redis_url = options.redis_url if options.use_redis else None
         if options.use_redis and not redis_url:
-            redis_url = stack.enter_context(LocalRedis(_port(options.redis_port))).url
+            port = _port(options.redis_port)
+            redis = stack.enter_context(LocalRedis(port))
+            redis_url = redis.url
+            if port is None:
+                moved.append(
+                    f"port {options.redis_port} is busy: Redis listens on port {redis.port}"
+                )
         yield bootstrap, redis_url
 
 
@@ -265,7 +283,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
     # Not a terminal (a file, a test): wide enough for the table not to wrap.
     console = console or (Console() if sys.stdout.isatty() else Console(width=160))
     stop = threading.Event()
-    with _local_services(options) as (bootstrap, redis_url):
+    moved: list[str] = []  # said after the export line, which comes first
+    with _local_services(options, moved) as (bootstrap, redis_url):
         _ensure_topic(bootstrap)
         data = {
             "kafka": {"bootstrap.servers": bootstrap},
@@ -280,7 +299,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
             served = ServedGate(service, port=options.port)
         except ListenError:
             served = ServedGate(service, port=0)
-            console.print(f"[yellow]port {options.port} is busy; using another one[/]")
+            moved.append(f"port {options.port} is busy: the gate listens on {served.url}")
         producer = PaymentsProducer(bootstrap, options.rate, stop)
         service_a = _service_a(bootstrap, redis_url, served.url)
         services = [
@@ -295,10 +314,10 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
             exports = f"export KAFKA_BOOTSTRAP={bootstrap} GATE_URL={served.url}" + (
                 f" REDIS_URL={redis_url}" if redis_url else ""
             )
-            console.print(
-                Text.assemble(("# for the docs' examples, in another terminal:\n", "dim"), exports),
-                soft_wrap=True,
-            )
+            console.print(exports, soft_wrap=True, highlight=False)
+            console.print("# paste it into another terminal for the docs' examples", style="dim")
+            for line in moved:
+                console.print(line, style="yellow", soft_wrap=True)
             header = Text.assemble(
                 ("broker ", "dim"),
                 bootstrap,

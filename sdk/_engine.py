@@ -202,14 +202,14 @@ class ParallelConsumer(ConsumerLoop):
     def run(self) -> None:
         """Consume until :meth:`stop` is called (from another thread or a signal handler).
 
-        Run from the main thread with Python's default Ctrl-C handling, the first Ctrl-C
-        stops gracefully (records in flight finish and are committed) and ``run`` returns;
-        a second one stops at once."""
+        Run from the main thread with Python's default handling of Ctrl-C and SIGTERM, the
+        first of them stops gracefully (records in flight finish and are committed) and
+        ``run`` returns; a second one stops at once."""
         if self._started.is_set():
             raise RuntimeError("this consumer has already run")
         self._started.set()
         self._loop_thread = threading.current_thread()
-        restore = self._stop_on_ctrl_c()
+        restore = self._stop_on_signals()
         collector = _collector.raise_threshold(self.options.gc_threshold)
         try:
             self._open()
@@ -222,17 +222,22 @@ class ParallelConsumer(ConsumerLoop):
             if collector:
                 _collector.restore()
             self._finished.set()
-            if restore is not None:
-                signal.signal(signal.SIGINT, restore)
+            for signum, handler in restore.items():
+                signal.signal(signum, handler)
 
-    def _stop_on_ctrl_c(self) -> Any:
-        """Turn Ctrl-C into a graceful stop while running, unless someone else handles it."""
+    def _stop_on_signals(self) -> dict[int, Any]:
+        """Turn Ctrl-C and SIGTERM into a graceful stop while running, unless someone else
+        handles them; the handlers to restore afterwards."""
         if threading.current_thread() is not threading.main_thread():
-            return None
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            return None  # stop_on_signals, or the application's own handler
-        signal.signal(signal.SIGINT, _two_stage_stop(self, timeout=30.0))
-        return signal.default_int_handler
+            return {}
+        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+        stop = _two_stage_stop(self, timeout=30.0)
+        restore: dict[int, Any] = {}
+        for signum, default in defaults.items():
+            if signal.getsignal(signum) is default:  # else stop_on_signals, or the app's own
+                signal.signal(signum, stop)
+                restore[signum] = default
+        return restore
 
     def start(self) -> ParallelConsumer:
         """Run in a background thread; returns at once."""
@@ -401,6 +406,7 @@ class ParallelConsumer(ConsumerLoop):
             self._dead_letters.close()
         if self._runner is not None:
             self._runner.close(wait=1.0 if self._stop and self._stop[0] else 0.0)
+            self._runner.work.failures.flush()
         self._outputs.close(timeout=5.0)
         if self._collector is not None and self.registry is not None:
             with contextlib.suppress(KeyError):

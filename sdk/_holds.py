@@ -2,13 +2,16 @@
 
 When a gate's snapshot changes, every assigned partition's release limit becomes its
 watermark (records at or beyond it may not start). How long partitions were held until
-released is measured, and a partition held longer than the gate's ``hold_log_after`` gets a
-rate-limited log line naming the dependency groups it waits for.
+released is measured, and a partition whose first held record has waited longer than the
+gate's ``hold_log_after`` gets a rate-limited log line naming the dependency groups it waits
+for. That record's wait counts from when it was first seen held, however often the watermark
+moved meanwhile: a dependency far behind that commits now and then still holds records long.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +27,8 @@ class Holds:
         self.core = core
         self.latency = Latency()  # how long gated partitions waited for release
         self._logged: dict[TP, float] = {}
+        # Per partition, (end, seen): at ``seen`` the records below offset ``end`` were held.
+        self._seen_held: dict[TP, deque[tuple[int, float]]] = {}
 
     def apply(self, now: float) -> None:
         """Make the snapshot in force the release limits."""
@@ -32,15 +37,32 @@ class Holds:
             held_for = core.set_limit(tp, gate.limit(*tp), now)
             if held_for is not None:
                 self.latency.observe(held_for)
-                self._logged.pop(tp, None)
+
+    def held_for(self, tp: TP, view: Mapping[str, Any], now: float) -> float:
+        """How long the first record ``tp`` holds (at its limit) has been seen held; 0 when
+        it holds none. Called about every half second, with the partition's view."""
+        limit, held = view.get("limit"), view.get("gate_held", 0)
+        if limit is None or not held:
+            self._seen_held.pop(tp, None)
+            return 0.0
+        seen = self._seen_held.setdefault(tp, deque())
+        while seen and seen[0][0] <= limit:  # those records were released since
+            seen.popleft()
+        end = limit + held
+        if not seen or seen[-1][0] < end:
+            seen.append((end, now))
+        return now - seen[0][1]
 
     def log_long(self, now: float, partitions: Mapping[TP, Mapping[str, Any]]) -> None:
-        """A line per partition held longer than ``hold_log_after`` (at most that often),
-        explained in the background: a source may ask the network."""
+        """A line per partition whose first held record has waited longer than
+        ``hold_log_after`` (at most that often), explained in the background: a source may
+        ask the network."""
         every = self.gate.hold_log_after
+        for tp in [tp for tp in self._seen_held if tp not in partitions]:
+            del self._seen_held[tp]  # revoked
         for tp, view in partitions.items():
-            held_for = view.get("held_for", 0.0)
-            if held_for < every or now - self._logged.get(tp, 0.0) < every:
+            held_for = self.held_for(tp, view, now)
+            if held_for < every or now - self._logged.get(tp, -every) < every:
                 continue
             self._logged[tp] = now
             offset = view["limit"] if view["limit"] is not None else 0

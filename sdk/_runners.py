@@ -30,7 +30,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sdk._failures import DecodeError, RetriableError, TerminalError
+from sdk._failure_log import FailureLog
+from sdk._failures import DecodeError, RetriableError, TerminalError, describe
 from sdk._options import Options
 from sdk._output import Awaiting, Deliveries, Outputs, ProduceError, TransactionLock, outputs_of
 from sdk._record import Record, batch_records
@@ -87,6 +88,7 @@ class Work:
         hooks = options.hooks
         self.plain = hooks.before_handle is None and hooks.after_handle is None
         self.outputs: Outputs | None = None  # the engine's producer of handler outputs
+        self.failures = FailureLog(log)
 
     @staticmethod
     def may_start(entry: Entry) -> bool:
@@ -129,7 +131,8 @@ class Work:
         if isinstance(error, RetriableError):
             log.debug("%r failed, will retry: %s", record, error)
         else:
-            log.warning("%r failed: %s: %s", record, type(error).__name__, error)
+            where = (record.topic, record.partition, record.offset)
+            self.failures.failed(where, record.attempt, describe(error))
         hook = self.options.hooks.on_failure
         if hook is not None:
             try:

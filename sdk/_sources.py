@@ -24,6 +24,9 @@ from sdk._view import GateError, SourceState, WatermarkView
 
 log = logging.getLogger("sdk.gate")
 
+REPEAT_AFTER = 60.0
+"""Seconds before a source that stays down says so again, for a different reason."""
+
 
 class _ThreadSource:
     """A source whose work runs in one daemon thread until stopped."""
@@ -35,6 +38,8 @@ class _ThreadSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.view: WatermarkView | None = None
+        self._said_down_at: float | None = None  # when the last line saying it is down was
+        self._said_error: str | None = None
 
     def start(self, view: WatermarkView) -> None:
         self.view = view
@@ -68,15 +73,30 @@ class _ThreadSource:
 
     def _up(self) -> None:
         if not self.state.up:
-            log.info("%s: following gate %s", self.name, self.view.gate if self.view else "?")
+            gate = self.view.gate if self.view else "?"
+            if self._said_down_at is not None:
+                log.warning("%s: %s again; following gate %s", self.name, self.reachable, gate)
+            else:
+                log.info("%s: following gate %s", self.name, gate)
+        self._said_down_at = None
         self.state.up = True
         self.state.error = None
 
     def _down(self, error: str) -> None:
-        if self.state.up or self.state.error != error:
+        """Said once when the source goes down; a different reason while it stays down at
+        most every ``REPEAT_AFTER`` seconds (a retry every second must not be a line each)."""
+        now = time.monotonic()
+        said = self._said_down_at
+        if said is None or (error != self._said_error and now - said >= REPEAT_AFTER):
             log.warning("%s: %s (keeping the last snapshot; retrying)", self.name, error)
+            self._said_down_at, self._said_error = now, error
         self.state.up = False
         self.state.error = error
+
+    @property
+    def reachable(self) -> str:
+        """What the line saying the source is back names."""
+        return "reachable"
 
     def _offer(self, snapshot: Snapshot) -> None:
         assert self.view is not None
@@ -210,7 +230,7 @@ class HttpSource(_ThreadSource):
                 try:
                     self._stream(client, gate)
                 except httpx.HTTPError as exc:
-                    self._down(f"http: {type(exc).__name__}: {exc}")
+                    self._down(self._failure(exc))
                 if self._stop.is_set():
                     return
                 self._poll_once(client, gate)
@@ -261,8 +281,22 @@ class HttpSource(_ThreadSource):
                 return
             self._check(response, gate)
             self._offer_json(response.content)
-        except (httpx.HTTPError, GateError) as exc:
+        except httpx.HTTPError as exc:
+            self._down(self._failure(exc))
+        except GateError as exc:
             self._down(str(exc))
+
+    def _failure(self, exc: Exception) -> str:
+        """One wording per failure, whether the stream or a poll met it."""
+        import httpx
+
+        if isinstance(exc, httpx.TransportError):
+            return f"gate service at {self.base_url} is unreachable ({type(exc).__name__}: {exc})"
+        return f"gate service at {self.base_url}: {type(exc).__name__}: {exc}"
+
+    @property
+    def reachable(self) -> str:
+        return f"gate service at {self.base_url} is reachable"
 
     def explain(self, topic: str, partition: int, offset: int) -> list[dict[str, Any]] | None:
         import httpx

@@ -1,0 +1,139 @@
+"""What the SDK logs when something is wrong: once, naming what, never a line per attempt."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+import pytest
+
+from gate import GateService
+from gate._local import free_port
+from gate._serve import ServedGate
+from sdk import EmbeddedSource, Gate, HttpSource, Options, ParallelConsumer
+from tests.support import Kafka, gate_config, unique, wait_until
+
+
+def _lines(caplog: pytest.LogCaptureFixture, logger: str, level: int) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name.startswith(logger) and r.levelno >= level
+    ]
+
+
+def test_an_unreachable_gate_url_is_one_line_naming_it(
+    kafka: Kafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sdk")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    source = HttpSource(url, poll_interval=0.05, timeout=0.5)
+    gate = Gate("a", [source]).start()
+    try:
+        time.sleep(3.0)  # some sixty failed attempts
+        down = _lines(caplog, "sdk", logging.WARNING)
+        assert len(down) == 1, down
+        assert url in down[0] and "unreachable" in down[0], down
+
+        topic = kafka.create_topic(1)
+        group = unique("dep")
+        kafka.commit(group, topic, {0: 3})
+        config = gate_config(kafka.bootstrap, {"a": {"topics": [topic], "depends_on": [group]}})
+        with ServedGate(GateService(config), port=port):
+            wait_until(lambda: source.state.up, timeout=20, what="the gate reachable again")
+            wait_until(
+                lambda: len(_lines(caplog, "sdk", logging.WARNING)) == 2,
+                timeout=5,
+                what="a line saying so",
+            )
+            back = _lines(caplog, "sdk", logging.WARNING)[1]
+            assert url in back and "reachable again" in back, back
+    finally:
+        gate.stop()
+
+
+def test_a_long_hold_is_told(kafka: Kafka, caplog: pytest.LogCaptureFixture) -> None:
+    """A dependency that stays behind: the consumer says which records wait, for whom."""
+    caplog.set_level(logging.INFO, logger="sdk")
+    topic = kafka.create_topic(1)
+    dependency = unique("dep")
+    kafka.produce(topic, {0: 40})
+    kafka.commit(dependency, topic, {0: 10})
+    gate = Gate(
+        "a",
+        [EmbeddedSource({"bootstrap.servers": kafka.bootstrap}, [topic], [dependency])],
+        hold_log_after=2.0,
+    )
+    seen: list[int] = []
+    consumer = ParallelConsumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": unique("a"),
+            "group.instance.id": unique("a"),
+            "session.timeout.ms": 6000,
+            "auto.offset.reset": "earliest",
+        },
+        [topic],
+        lambda record: seen.append(record.offset),
+        Options(),
+        gate=gate,
+        registry=None,
+    )
+    consumer.start()
+    try:
+        wait_until(lambda: len(seen) == 10, timeout=30, what="the released records")
+        # The dependency moves on every half second, but stays far behind: each move
+        # releases a record, and the records after it still wait. That is a long hold.
+        told_while_moving = False
+        for offset in range(11, 35):
+            time.sleep(0.5)
+            kafka.commit(dependency, topic, {0: offset})
+            lines = _lines(caplog, "sdk", logging.WARNING)
+            if any("held for" in line for line in lines):
+                told_while_moving = True
+                break
+        assert told_while_moving, _lines(caplog, "sdk", logging.WARNING)
+    finally:
+        consumer.stop(timeout=10)
+    held = [line for line in _lines(caplog, "sdk", logging.WARNING) if "held for" in line]
+    assert f"{topic}[0]" in held[0] and dependency in held[0], held
+
+
+def test_failing_records_are_summarised_not_logged_per_attempt(
+    kafka: Kafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sdk")
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 3})
+    attempts: list[int] = []
+
+    def handle(record: object) -> None:
+        attempts.append(1)
+        raise ValueError("no account 17")
+
+    consumer = ParallelConsumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": unique("a"),
+            "group.instance.id": unique("a"),
+            "session.timeout.ms": 6000,
+            "auto.offset.reset": "earliest",
+        },
+        [topic],
+        handle,
+        Options(retry_delay=lambda attempt, error: 0.02),
+        registry=None,
+    )
+    consumer.start()
+    try:
+        wait_until(lambda: len(attempts) >= 30, timeout=30, what="many failed attempts")
+    finally:
+        consumer.stop(timeout=5)
+    lines = _lines(caplog, "sdk", logging.WARNING)
+    # The first failure of each record is told; the attempts after it only in the summary.
+    assert len(lines) <= 3 + 1, lines
+    summary = lines[-1]
+    assert summary.startswith("1 record failed") or "records failed" in summary, lines
+    assert f"first: {topic}[0]@0 ValueError: no account 17" in summary, summary
+    counted = re.search(r"failed (\d+) attempts since \d\d:\d\d:\d\d;", summary)
+    assert counted and 30 <= int(counted.group(1)) <= len(attempts), summary
