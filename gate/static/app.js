@@ -131,7 +131,7 @@ async function follow(gate) {
             refreshService();  // the header too, now that the gate has polled
           }
         });
-        if (state.gone !== "gate stopping") showGone("gate unreachable");  // it ended
+        // Ended without a "stopping" event: reconnect (below) before calling it unreachable.
       }
     } catch (error) {
       if (controller.signal.aborted) return;
