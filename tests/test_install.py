@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A pip command, in a shell block or in inline code: `pip install ...`, `.venv/bin/pip wheel ...`
-PIP = re.compile(r"(?:^|`)\s*((?:\S*/)?pip (?:install|wheel) [^`\n]*?)\s*(?:#.*)?(?:`|$)", re.M)
+PIP = re.compile(r"(?:^|`)\s*((?:[^\s`]*/)?pip (?:install|wheel) [^`\n]*?)\s*(?:#.*)?(?:`|$)", re.M)
 SKIPPED = {".venv", ".git", "build", "dist", ".pytest_cache", ".ruff_cache", ".hypothesis"}
 EXTRAS = set(
     tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
