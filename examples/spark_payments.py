@@ -125,6 +125,10 @@ def main() -> int:
     except StreamingQueryException as exc:
         failure = exc
     finally:
+        # Stopping interrupts the query's thread wherever it is (writing its checkpoint,
+        # cancelling a job): Spark logs that as warnings with stack traces. They say nothing
+        # about this stop, which was asked for.
+        spark.sparkContext.setLogLevel("ERROR")
         query.stop()
         committer.close()
         spark.stop()
