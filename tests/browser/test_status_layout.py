@@ -5,6 +5,7 @@ the window, and what the page shows before its first update."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -12,11 +13,33 @@ from gate._serve import ServedGate
 from tests.browser.test_status_page import ARTIFACTS, wait_for_charts
 from tests.support import Kafka
 
-# Whether an element lies inside the window, as drawn (after any scrolling of its boxes).
-INSIDE = """(node) => {
+# The elements a selector finds, each read at once: its text, its box as drawn (after any
+# scrolling of its boxes) and whether that box lies inside the window. Found and measured in
+# one evaluation: the page redraws its tables after every poll, so an element found by one
+# call may be replaced (detached, a box of zeros) before the next call measures it.
+READ_BOXES = """(selector) => [...document.querySelectorAll(selector)].map((node) => {
     const box = node.getBoundingClientRect();
-    return box.width > 0 && box.left >= 0 && box.right <= document.documentElement.clientWidth;
-}"""
+    return {
+        text: node.innerText,
+        box: box.toJSON(),
+        inside: box.width > 0 && box.left >= 0
+            && box.right <= document.documentElement.clientWidth,
+    };
+})"""
+
+
+def boxes(page, selector: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """Every element ``selector`` finds, as drawn at one instant (see READ_BOXES)."""
+    found: list[dict[str, Any]] = page.evaluate(READ_BOXES, selector)
+    assert found, f"nothing on the page matches {selector!r}"
+    return found
+
+
+def box(page, selector: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The one element ``selector`` finds, as drawn (see READ_BOXES)."""
+    found = boxes(page, selector)
+    assert len(found) == 1, f"{len(found)} elements match {selector!r}"
+    return found[0]
 
 
 def open_page(browser, gate: ServedGate, width: int):  # type: ignore[no-untyped-def]
@@ -122,14 +145,14 @@ def test_every_table_fits_a_1280_px_window(browser, scenario, kafka: Kafka) -> N
     page.wait_for_selector('#partitions td[data-field="dependent"]')
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
     for table in ("groups", "topics", "partitions"):
-        box = page.locator(f"#{table}").evaluate("t => t.getBoundingClientRect().right")
-        assert box <= 1280, f"the {table} table ends at {box} px"
+        right = page.locator(f"#{table}").evaluate("t => t.getBoundingClientRect().right")
+        assert right <= 1280, f"the {table} table ends at {right} px"
         cut = page.locator(f"#{table}").evaluate(
             "t => t.parentElement.scrollWidth > t.parentElement.clientWidth"
         )
         assert not cut, f"the {table} table scrolls sideways at 1280 px"
-        for head in page.locator(f"#{table} th").all():
-            assert head.evaluate(INSIDE), f"{table}: column {head.inner_text()!r} is cut"
+        for head in boxes(page, f"#{table} th"):
+            assert head["inside"], f"{table}: column {head['text']!r} is cut: {head['box']}"
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "status-page-1280.png"), full_page=True)
     assert page.errors == []
@@ -140,20 +163,17 @@ def test_held_back_by_stays_in_view_on_a_420_px_phone(browser, scenario) -> None
     page = open_page(browser, gate, 420)
     wait_for_charts(page)
     assert page.evaluate("document.documentElement.scrollWidth") <= 420
-    head = page.locator('#partitions th[data-key="holding"]')
-    assert head.evaluate(INSIDE), head.evaluate("h => h.getBoundingClientRect().toJSON()")
+    head = box(page, '#partitions th[data-key="holding"]')
+    assert head["inside"], head
     for partition in (1, 3):  # the partitions C holds back: its name is in view
-        holding = page.locator(
-            f'#partitions tr[data-partition="{partition}"] [data-field="holding"]'
-        )
-        assert holding.inner_text() == c
-        assert holding.evaluate(INSIDE), holding.evaluate("h => h.getBoundingClientRect().toJSON()")
+        holding = box(page, f'#partitions tr[data-partition="{partition}"] [data-field="holding"]')
+        assert holding["text"] == c and holding["inside"], holding
     # Which partition a row is stays in view too.
-    first = page.locator('#partitions tr[data-partition="1"] td').first
-    assert first.evaluate(INSIDE) and "[1]" in first.inner_text().replace(" ", "")
+    first = box(page, '#partitions tr[data-partition="1"] td:first-child')
+    assert first["inside"] and "[1]" in first["text"].replace(" ", ""), first
     # The topics table's "mostly held by" too.
-    mostly = page.locator(f'#topics tr[data-topic="{topic}"] [data-field="holding"]')
-    assert mostly.inner_text() == f"{c} (2)" and mostly.evaluate(INSIDE)
+    mostly = box(page, f'#topics tr[data-topic="{topic}"] [data-field="holding"]')
+    assert mostly["text"] == f"{c} (2)" and mostly["inside"], mostly
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "status-page-420.png"), full_page=True)
     assert page.errors == []

@@ -58,8 +58,18 @@ def browser() -> Iterator[object]:
             shutil.rmtree(profile, ignore_errors=True)
 
 
+def style(page, selector: str, prop: str) -> str:  # type: ignore[no-untyped-def]
+    """A computed style of the element ``selector`` finds, found and read in one evaluation
+    (the page redraws its tables and tabs; an element found by one call may be replaced
+    before the next reads it)."""
+    return page.evaluate(
+        "([selector, prop]) => getComputedStyle(document.querySelector(selector))[prop]",
+        [selector, prop],
+    )
+
+
 def colour(page, selector: str) -> str:  # type: ignore[no-untyped-def]
-    return page.eval_on_selector(selector, "e => getComputedStyle(e).backgroundColor")
+    return style(page, selector, "backgroundColor")
 
 
 def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
@@ -89,7 +99,7 @@ def test_a_gate_over_a_missing_topic_is_a_red_alarm(browser, kafka: Kafka) -> No
             f"document.querySelector('{dot}').dataset.alarm === 'true'", timeout=15_000
         )
         assert colour(page, dot) == RED
-        assert page.eval_on_selector("#verdict", "e => getComputedStyle(e).borderLeftColor") == RED
+        assert style(page, "#verdict", "borderLeftColor") == RED
         screenshot(page, "status-page-missing-topic.png")
 
 
@@ -113,7 +123,7 @@ def test_a_group_far_behind_is_behind_not_ok(browser, kafka: Kafka) -> None:  # 
         page.wait_for_function(
             f"document.querySelector('{status}').textContent === 'BEHIND'", timeout=15_000
         )
-        assert page.eval_on_selector(status, "e => getComputedStyle(e).color") == AMBER
+        assert style(page, status, "color") == AMBER
         assert page.locator(f'#groups tr[data-group="{b}"] .status').inner_text() == "OK"
         verdict = page.locator("#verdict").inner_text()
         assert verdict.startswith("service-a: flowing: 18 records in transit"), verdict
