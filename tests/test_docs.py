@@ -126,9 +126,14 @@ class Run:
             start_new_session=True,  # a process group of its own, as in a terminal
         )
         self.out: list[str] = []
+        self.err: list[str] = []
         self.first_line_after: float | None = None
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        self.err_reader = threading.Thread(
+            target=lambda: self.err.extend(self.process.stderr or []), daemon=True
+        )
+        self.err_reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout or []:
@@ -145,8 +150,10 @@ class Run:
 
     def stop(self, signum: int | None) -> tuple[int, str]:
         """Send ``signum`` unless it has ended (None: wait for it to end); its exit code and
-        stderr. SIGINT goes to the whole process group, as Ctrl-C in a terminal does (child
-        processes get it too)."""
+        what it wrote on stderr from then on (what starting it said, e.g. Spark's start-up
+        notices, is not the stop's). SIGINT goes to the whole process group, as Ctrl-C in a
+        terminal does (child processes get it too)."""
+        said_before = len(self.err)
         if signum is not None and self.process.poll() is None:
             if signum == signal.SIGINT:
                 os.killpg(self.process.pid, signum)
@@ -158,13 +165,14 @@ class Run:
             if self.process.poll() is None:
                 self.process.kill()
         self.reader.join(10)
-        stderr = self.process.stderr.read() if self.process.stderr else ""
-        return code, stderr
+        self.err_reader.join(10)
+        return code, "".join(self.err[said_before:])
 
 
-def _assert_stopped_cleanly(where: str, code: int, stderr: str) -> None:
-    assert code == 0, f"{where} exited {code}:\n{stderr[-3000:]}"
-    assert "Traceback" not in stderr, stderr[-3000:]
+def _assert_stopped_cleanly(where: str, run: Run, code: int, stderr: str) -> None:
+    everything = "".join(run.err)
+    assert code == 0, f"{where} exited {code}:\n{everything[-3000:]}"
+    assert "Traceback" not in everything, everything[-3000:]
     # A stop says at most a line or two.
     assert len(stderr.splitlines()) <= 2, f"{where} said on stopping:\n{stderr[-3000:]}"
 
@@ -177,7 +185,7 @@ def test_the_snippet_runs_as_written(
     run = Run(code, tmp_path, demo)
     run.wait_for_lines(3, timeout=120)
     exit_code, stderr = run.stop(signal.SIGTERM)  # a consumer: it has shown it works
-    _assert_stopped_cleanly(where, exit_code, stderr)
+    _assert_stopped_cleanly(where, run, exit_code, stderr)
     assert run.out, f"{where} printed nothing"
     if not where.startswith("docs/spark.md"):  # starting Spark alone takes longer
         assert run.first_line_after is not None
@@ -195,13 +203,13 @@ def test_a_consumer_snippet_answers_at_once_after_ctrl_c(
     first.wait_for_lines(1, timeout=120)
     assert first.out, f"{where} printed nothing"
     exit_code, stderr = first.stop(signal.SIGINT)
-    _assert_stopped_cleanly(where, exit_code, stderr)
+    _assert_stopped_cleanly(where, first, exit_code, stderr)
 
     bound = 2 * python_start(tmp_path, demo) + FIRST_RECORD_WITHIN
     again = Run(code, tmp_path, demo)
     again.wait_for_lines(1, timeout=60)
     exit_code, stderr = again.stop(signal.SIGINT)
-    _assert_stopped_cleanly(where, exit_code, stderr)
+    _assert_stopped_cleanly(where, again, exit_code, stderr)
     assert again.first_line_after is not None, f"{where} printed nothing after a Ctrl-C"
     assert again.first_line_after <= bound, (
         f"{where} printed its first line {again.first_line_after:.1f} s after a Ctrl-C"
