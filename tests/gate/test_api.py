@@ -18,7 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gate import GateEvaluator, GateService, PollResult
-from gate._api import ServiceStatus, create_app
+from gate._api import create_app
+from gate._bodies import ServiceStatus
 from gate._report import GateHistoryBody, GateStatus
 from tests.support import gate_config
 
