@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gate._serve import ServedGate
-from tests.browser.test_status_page import ARTIFACTS, wait_for_charts
+from tests.browser.support import ARTIFACTS, wait_for_charts
 from tests.support import Kafka
 
 # The elements a selector finds, each read at once: its text, its box as drawn (after any

@@ -5,57 +5,16 @@ screenshots go to tests/artifacts/."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 
+from tests.browser.support import ARTIFACTS
 from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 RED = "rgb(185, 28, 28)"  # --bad
 AMBER = "rgb(180, 83, 9)"  # --warn
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    executable = next(
-        (found for name in ("chromium", "chromium-browser") if (found := shutil.which(name))),
-        None,
-    )
-    if executable is None:
-        if os.environ.get("REQUIRE_BROWSER"):
-            pytest.fail("REQUIRE_BROWSER is set but no Chromium is installed")
-        pytest.skip("needs Chromium (apt-get install chromium)")
-    with sync_api.sync_playwright() as playwright:
-        profile = tempfile.mkdtemp(prefix="chromium-")
-        context = playwright.chromium.launch_persistent_context(
-            profile,
-            executable_path=executable,
-            headless=True,
-            args=CHROMIUM_FLAGS,
-            viewport={"width": 1280, "height": 900},
-        )
-        try:
-            yield context
-        finally:
-            context.close()
-            shutil.rmtree(profile, ignore_errors=True)
 
 
 def style(page, selector: str, prop: str) -> str:  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ from gate import GateService
 from gate._local import free_port
 from gate._serve import ServedGate
 from sdk import EmbeddedSource, Gate, HttpSource, Options, ParallelConsumer
+from tests.sdk.engine_support import CONSUMER
 from tests.support import Kafka, gate_config, unique, wait_until
 
 
@@ -19,6 +20,15 @@ def _lines(caplog: pytest.LogCaptureFixture, logger: str, level: int) -> list[st
     return [
         r.getMessage() for r in caplog.records if r.name.startswith(logger) and r.levelno >= level
     ]
+
+
+def _consumer_config(kafka: Kafka) -> dict[str, object]:
+    return {
+        "bootstrap.servers": kafka.bootstrap,
+        "group.id": unique("a"),
+        "group.instance.id": unique("a"),
+        **CONSUMER,
+    }
 
 
 def test_an_unreachable_gate_url_is_one_line_naming_it(
@@ -66,13 +76,7 @@ def test_a_long_hold_is_told(kafka: Kafka, caplog: pytest.LogCaptureFixture) -> 
     )
     seen: list[int] = []
     consumer = ParallelConsumer(
-        {
-            "bootstrap.servers": kafka.bootstrap,
-            "group.id": unique("a"),
-            "group.instance.id": unique("a"),
-            "session.timeout.ms": 6000,
-            "auto.offset.reset": "earliest",
-        },
+        _consumer_config(kafka),
         [topic],
         lambda record: seen.append(record.offset),
         Options(),
@@ -112,13 +116,7 @@ def test_failing_records_are_summarised_not_logged_per_attempt(
         raise ValueError("no account 17")
 
     consumer = ParallelConsumer(
-        {
-            "bootstrap.servers": kafka.bootstrap,
-            "group.id": unique("a"),
-            "group.instance.id": unique("a"),
-            "session.timeout.ms": 6000,
-            "auto.offset.reset": "earliest",
-        },
+        _consumer_config(kafka),
         [topic],
         handle,
         Options(retry_delay=lambda attempt, error: 0.02),
