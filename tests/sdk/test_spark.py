@@ -17,7 +17,8 @@ pyspark = pytest.importorskip("pyspark")
 from gate import GateService, Snapshot  # noqa: E402
 from gate._local import free_port  # noqa: E402
 from gate._serve import ServedGate  # noqa: E402
-from sdk.spark import ProgressCommitter, _cap, kafka_ending_offsets, local_session  # noqa: E402
+from sdk.spark import ProgressCommitter, kafka_ending_offsets, local_session  # noqa: E402
+from sdk.spark._plan import cap  # noqa: E402
 from tests.support import (  # noqa: E402
     Kafka,
     aborted_records_visible,
@@ -319,7 +320,7 @@ offsets = st.dictionaries(
 def test_max_offsets_per_trigger_spreads_at_most_the_maximum(ranges: dict, maximum: int) -> None:
     start = {"t": {p: a for p, (a, _) in ranges.items()}}
     end = {"t": {p: a + b for p, (a, b) in ranges.items()}}
-    capped = _cap(start, end, maximum)
+    capped = cap(start, end, maximum)
     taken = {p: capped["t"][p] - start["t"][p] for p in ranges}
     assert all(0 <= taken[p] <= end["t"][p] - start["t"][p] for p in ranges)
     total = sum(end["t"][p] - start["t"][p] for p in ranges)
@@ -568,7 +569,7 @@ def test_a_range_beyond_what_the_reader_can_read_fails_naming_where_it_stopped(
 ) -> None:  # type: ignore[no-untyped-def]
     """A range planned at read_uncommitted, read at read_committed while its transaction is
     open (a checkpoint written at the other level): the task fails with a clear message."""
-    import sdk.spark as source_module
+    import sdk.spark._read as source_module
     from sdk.spark import OffsetRange
 
     topic = kafka.create_topic(1)
@@ -585,7 +586,7 @@ def test_a_range_beyond_what_the_reader_can_read_fails_naming_where_it_stopped(
 def test_every_kafka_property_reaches_the_readers_consumer(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Consumer-only librdkafka properties included: the planner's admin client leaves them
     out, the executors' consumers get them all."""
-    import sdk.spark as source_module
+    import sdk.spark._read as source_module
     from sdk.spark import GatedKafkaStreamReader, OffsetRange
 
     configs: list[dict[str, object]] = []

@@ -1,0 +1,93 @@
+"""Offsets and the ranges Spark tasks read: the pure part of planning a batch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from pyspark.sql.datasource import InputPartition
+
+from gate._watermark import Snapshot
+from sdk.spark._settings import NAME
+
+Offsets = dict[str, dict[str, int]]
+
+
+class OffsetRange(InputPartition):
+    """One Spark task: records [start, end) of one Kafka partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def data_loss(topic: str, partition: int, first: int, end: int) -> str:
+    return (
+        f"{NAME}: {topic}[{partition}]: offsets {first} to {end - 1} are no longer in Kafka "
+        "(removed by retention or deletion) and cannot be read; set the option "
+        "failOnDataLoss to false to skip them"
+    )
+
+
+def not_below(start: Offsets, end: Offsets) -> Offsets:
+    """A plan never ends below its start (a dependency may have rewound below it)."""
+    return {
+        topic: {p: max(o, start.get(topic, {}).get(p, o)) for p, o in parts.items()}
+        for topic, parts in end.items()
+    }
+
+
+def sorted_offsets(offsets: Offsets) -> Offsets:
+    return {t: {p: offsets[t][p] for p in sorted(offsets[t], key=int)} for t in sorted(offsets)}
+
+
+def cap(start: Offsets, end: Offsets, maximum: int) -> Offsets:
+    """Spread at most ``maximum`` records over partitions, in proportion to what each has."""
+    available = {
+        (t, p): o - start.get(t, {}).get(p, o) for t, parts in end.items() for p, o in parts.items()
+    }
+    total = sum(n for n in available.values() if n > 0)
+    if total <= maximum:
+        return end
+    capped: Offsets = {}
+    given = 0
+    for (topic, partition), count in sorted(available.items()):
+        begin = start.get(topic, {}).get(partition, end[topic][partition])
+        share = (count * maximum) // total if count > 0 else 0
+        capped.setdefault(topic, {})[partition] = begin + share
+        given += share
+    # Hand out what rounding left, one record at a time, in a fixed order.
+    for (topic, partition), count in sorted(available.items()):
+        if given >= maximum:
+            break
+        begin = start.get(topic, {}).get(partition, end[topic][partition])
+        if capped[topic][partition] < begin + count:
+            capped[topic][partition] += 1
+            given += 1
+    return capped
+
+
+def kafka_ending_offsets(
+    snapshot: Snapshot,
+    topics: Sequence[str],
+    starting: Mapping[str, Mapping[str, int]] | None = None,
+) -> str:
+    """``endingOffsets`` JSON for Spark's JVM Kafka source (``spark.read.format("kafka")``),
+    capped at a gate's watermarks. A partition without a watermark (nothing released) ends
+    where it starts, so ``starting`` must give its starting offset."""
+    ending: dict[str, dict[str, int]] = {}
+    for (topic, partition), watermark in sorted(snapshot.watermarks.items()):
+        if topic not in topics:
+            continue
+        if watermark is None:
+            begin = (starting or {}).get(topic, {}).get(str(partition))
+            if begin is None:
+                raise ValueError(
+                    f"{topic}[{partition}] has no watermark (nothing released): give its start"
+                )
+            watermark = begin
+        ending.setdefault(topic, {})[str(partition)] = watermark
+    missing = [t for t in topics if t not in ending]
+    if missing:
+        raise ValueError(f"the gate's snapshot has no partitions of {', '.join(missing)}")
+    return json.dumps(ending, sort_keys=True)

@@ -1,0 +1,124 @@
+"""Reading a planned range on an executor: a consumer assigned to it, Arrow record batches."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from sdk.spark._plan import OffsetRange, data_loss
+from sdk.spark._settings import LOG, NAME, Settings
+
+log = logging.getLogger("sdk.spark")
+STALL_SECONDS = 120.0  # a task whose consumer does not move for this long fails
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+_ARROW = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", _TIMESTAMP),
+        ("timestampType", pa.int32()),
+    ]
+)
+_ARROW_HEADERS = _ARROW.append(pa.field("headers", _HEADERS))
+
+
+def read_range(settings: Settings, task: OffsetRange, headers: bool) -> Iterator[pa.RecordBatch]:
+    """The records of one planned range, as Arrow record batches (on an executor)."""
+    consumer = Consumer({**settings.consumer_config(), "logger": LOG})
+    try:
+        task = _readable(settings, consumer, task)
+        if task.start < task.end:
+            consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+            for messages in _chunks(settings, consumer, task):
+                yield record_batch(messages, task, headers)
+    finally:
+        consumer.close()
+
+
+def _readable(settings: Settings, consumer: Consumer, task: OffsetRange) -> OffsetRange:
+    """The part of ``task`` Kafka still holds (failOnDataLoss=false), or the range."""
+    low, _ = consumer.get_watermark_offsets(
+        TopicPartition(task.topic, task.partition), timeout=10, cached=False
+    )
+    if task.start >= low:
+        return task
+    missing = data_loss(task.topic, task.partition, task.start, min(low, task.end))
+    if settings.fail_on_data_loss:
+        raise RuntimeError(missing)
+    log.warning("%s; skipping them (failOnDataLoss is false)", missing)
+    return OffsetRange(task.topic, task.partition, min(low, task.end), task.end)
+
+
+def _chunks(settings: Settings, consumer: Consumer, task: OffsetRange) -> Iterator[list[Message]]:
+    """The range's records, in the chunks the consumer hands them over. Offsets are not
+    contiguous (transaction markers, aborted records, compaction): the range is done when
+    the consumer's position reaches its end, whatever record it handed over last."""
+    tp = TopicPartition(task.topic, task.partition)
+    position = task.start
+    moved = time.monotonic()
+    while position < task.end:
+        # A batch consume waits for as many records as it asks for, or for the timeout:
+        # never ask for more than the range's offsets, and do not wait long for a range
+        # holding fewer records than offsets.
+        messages = consumer.consume(min(10_000, task.end - position), 0.1)
+        chunk: list[Message] = []
+        beyond = False
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                    raise RuntimeError(
+                        data_loss(task.topic, task.partition, position, task.end)
+                        + f" ({error.str()})"
+                    )
+                raise RuntimeError(f"{NAME}: reading {task.topic}[{task.partition}]: {error.str()}")
+            if message.offset() >= task.end:  # never beyond the planned end: the watermark
+                beyond = True
+                break
+            chunk.append(message)
+        if chunk:
+            yield chunk
+        # The position passes the records handed over and the markers and aborted records
+        # the consumer skipped.
+        reached = consumer.position([tp])[0].offset
+        if chunk:
+            reached = max(reached, chunk[-1].offset() + 1)
+        if beyond:
+            reached = task.end
+        if reached > position:
+            position, moved = reached, time.monotonic()
+        elif time.monotonic() - moved > STALL_SECONDS:
+            raise RuntimeError(
+                f"{NAME}: {task.topic}[{task.partition}]: the reader stayed at offset "
+                f"{position} for {STALL_SECONDS:.0f}s, below the planned end {task.end}; "
+                f"at isolation.level {settings.kafka['isolation.level']} the offsets "
+                "from there are not readable (a transaction still open?)"
+            )
+
+
+def record_batch(messages: list[Message], task: OffsetRange, headers: bool) -> pa.RecordBatch:
+    """One Arrow record batch in the source's schema (Spark takes it without per-row work)."""
+    stamps = [message.timestamp() for message in messages]
+    columns = [
+        pa.array([m.key() for m in messages], pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
+        pa.array([task.topic] * len(messages), pa.string()),
+        pa.array([task.partition] * len(messages), pa.int32()),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        pa.array([stamp * 1000 if kind else None for kind, stamp in stamps], _TIMESTAMP),
+        # The JVM source's codes: 0 CreateTime, 1 LogAppendTime (librdkafka counts from 1).
+        pa.array([kind - 1 if kind else -1 for kind, _ in stamps], pa.int32()),
+    ]
+    if headers:
+        columns.append(pa.array([m.headers() or [] for m in messages], _HEADERS))
+    return pa.RecordBatch.from_arrays(columns, schema=_ARROW_HEADERS if headers else _ARROW)
