@@ -21,6 +21,22 @@ class OffsetRange(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
+def ranges(
+    start: Offsets, end: Offsets, max_per_task: int, min_partitions: int | None = None
+) -> list[OffsetRange]:
+    """The Spark tasks of a batch: each partition's range [start, end), split into ranges of
+    at most ``max_per_task`` records. ``min_partitions``: at least that many tasks."""
+    tasks: list[OffsetRange] = []
+    for topic, partitions in sorted(end.items()):
+        for partition, stop in sorted(partitions.items(), key=lambda item: int(item[0])):
+            begin = start.get(topic, {}).get(partition, stop)
+            for first in range(begin, stop, max_per_task):
+                tasks.append(
+                    OffsetRange(topic, int(partition), first, min(stop, first + max_per_task))
+                )
+    return tasks
+
+
 def data_loss(topic: str, partition: int, first: int, end: int) -> str:
     return (
         f"{NAME}: {topic}[{partition}]: offsets {first} to {end - 1} are no longer in Kafka "

@@ -66,6 +66,9 @@ class Settings:
         self.max_per_task = self._positive(
             lowered, "maxrecordsperpartition", "maxRecordsPerPartition", 100_000
         )
+        self.min_partitions: int | None = self._positive(
+            lowered, "minpartitions", "minPartitions", None
+        )
         self.headers = self._boolean(lowered, "includeheaders", "includeHeaders", False)
         self.fail_on_data_loss = self._boolean(lowered, "failondataloss", "failOnDataLoss", True)
         self.gated = self._boolean(lowered, "gate.enabled", "gate.enabled", True)

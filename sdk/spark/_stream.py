@@ -24,6 +24,7 @@ from sdk.spark._plan import (
     cap,
     data_loss,
     not_below,
+    ranges,
     sorted_offsets,
 )
 from sdk.spark._read import read_range
@@ -211,16 +212,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return None
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
-        ranges: list[InputPartition] = []
-        step = self.settings.max_per_task
-        for topic, partitions in sorted(end.items()):
-            for partition, stop in sorted(partitions.items(), key=lambda item: int(item[0])):
-                begin = start.get(topic, {}).get(partition, stop)
-                for first in range(begin, stop, step):
-                    ranges.append(
-                        OffsetRange(topic, int(partition), first, min(stop, first + step))
-                    )
-        return ranges
+        return ranges(start, end, self.settings.max_per_task, self.settings.min_partitions)
 
     def commit(self, end: Offsets) -> None:
         """Spark calls this a batch late; the job's Kafka commits come from ProgressCommitter."""
