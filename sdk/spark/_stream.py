@@ -9,7 +9,12 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -18,6 +23,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from gate._watermark import Snapshot
+from sdk.spark._bounds import Partitions, at_times, gated_end, starting, wanted_times
 from sdk.spark._plan import (
     OffsetRange,
     Offsets,
@@ -28,7 +34,7 @@ from sdk.spark._plan import (
     sorted_offsets,
 )
 from sdk.spark._read import read_range
-from sdk.spark._settings import EARLIEST, LATEST, LOG, NAME, Settings
+from sdk.spark._settings import LOG, NAME, Settings
 
 log = logging.getLogger("sdk.spark")
 SCHEMA = (
@@ -38,18 +44,17 @@ SCHEMA = (
 HEADERS = "headers array<struct<key: string, value: binary>>"
 
 
-class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Plans micro-batches on the driver (offsets, gating) and reads ranges on executors."""
+class KafkaPlanner:
+    """The driver's side of a read, shared by the stream and the batch reader: the partitions
+    the options select, their offsets, where reading starts, and the gate's watermarks."""
 
-    def __init__(self, options: Mapping[str, str], headers: bool) -> None:
-        self.settings = Settings(options)  # fails when the query starts, naming the option
+    def __init__(self, options: Mapping[str, str], batch: bool = False) -> None:
+        self.settings = Settings(options, batch)  # fails when the read starts, naming the option
         self.settings.check_consumer_config()
-        self.headers = headers
         self._admin: AdminClient | None = None
         self._gate: Any = None
-        self._target: Offsets | None = None
-        self.lost_records = 0  # skipped because Kafka no longer had them (failOnDataLoss=false)
-        self._losses: set[tuple[str, str, int]] = set()  # reported already
+        self._topics: list[str] = []  # the topics planned last (subscribePattern: they change)
+        self._gate_topics: list[str] = []
 
     # Kafka clients and the gate's threads live on the driver only: never pickled to tasks.
     def __getstate__(self) -> dict[str, Any]:
@@ -64,7 +69,9 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._admin = AdminClient({**self.settings.client_config(), "logger": LOG})
         return self._admin
 
-    def _partitions(self) -> dict[str, int]:
+    def _partitions(self) -> Partitions:
+        """The partitions to read: of the subscribed topics, of the topics matching
+        ``subscribePattern`` now, or the assigned ones."""
         try:
             metadata = self._admin_client().list_topics(timeout=10)
         except KafkaException as exc:
@@ -72,56 +79,83 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             raise RuntimeError(
                 f"{NAME}: cannot reach Kafka at {servers}: {exc.args[0].str()}"
             ) from None
-        counts = {}
-        for topic in self.settings.topics:
-            found = metadata.topics.get(topic)
-            if found is None or found.error is not None or not found.partitions:
+        settings = self.settings
+        found: Partitions = {}
+        if settings.pattern is not None:
+            for topic, meta in sorted(metadata.topics.items()):
+                # Kafka's internal topics are never matched, as with a consumer's pattern.
+                if topic.startswith("__") or meta.error is not None or not meta.partitions:
+                    continue
+                if settings.pattern.fullmatch(topic):
+                    found[topic] = sorted(meta.partitions)
+            self._topics = list(found)
+            return found
+        wanted: Mapping[str, list[int] | None] = settings.assign or dict.fromkeys(settings.topics)
+        for topic, chosen in wanted.items():
+            meta = metadata.topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
                 raise RuntimeError(f"{NAME}: topic '{topic}' does not exist (or no longer does)")
-            counts[topic] = len(found.partitions)
-        return counts
+            missing = [p for p in chosen or [] if p not in meta.partitions]
+            if missing:
+                raise RuntimeError(
+                    f"{NAME}: option 'assign': topic '{topic}' has no partition "
+                    f"{', '.join(map(str, missing))} (it has {len(meta.partitions)})"
+                )
+            found[topic] = sorted(meta.partitions) if chosen is None else list(chosen)
+        self._topics = list(found)
+        return found
 
-    def _bounds(self, counts: Mapping[str, int]) -> tuple[Offsets, Offsets]:
+    def _offsets(self, specs: Mapping[TopicPartition, OffsetSpec]) -> dict[tuple[str, int], int]:
+        """One ListOffsets request at the readers' isolation level."""
+        if not specs:
+            return {}
+        futures = self._admin_client().list_offsets(
+            dict(specs), isolation_level=self.settings.isolation, request_timeout=10
+        )
+        return {
+            (tp.topic, tp.partition): future.result(timeout=15).offset
+            for tp, future in futures.items()
+        }
+
+    def _bounds(self, partitions: Partitions) -> tuple[Offsets, Offsets]:
         """Earliest and end offset of every partition (two admin requests). The end is the one
         the readers see: under read_committed the last stable offset (where the first open
         transaction begins), under read_uncommitted the high watermark."""
-        admin = self._admin_client()
-        partitions = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
+        chosen = [TopicPartition(t, p) for t, parts in partitions.items() for p in parts]
         found: list[Offsets] = []
         for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
-            futures = admin.list_offsets(
-                {tp: spec for tp in partitions},
-                isolation_level=self.settings.isolation,
-                request_timeout=10,
-            )
             offsets: Offsets = {}
-            for tp, future in futures.items():
-                offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result(
-                    timeout=15
-                ).offset
-            found.append(offsets)
+            for (topic, partition), offset in self._offsets(dict.fromkeys(chosen, spec)).items():
+                offsets.setdefault(topic, {})[str(partition)] = offset
+            found.append(sorted_offsets(offsets))
         return found[0], found[1]
 
+    def _starting(self, partitions: Partitions, low: Offsets, high: Offsets) -> Offsets:
+        """Where reading starts: ``startingTimestamp``, else ``startingOffsetsByTimestamp``,
+        else ``startingOffsets`` (the precedence of Spark's Kafka source)."""
+        settings = self.settings
+        if settings.starting_timestamp is None and settings.starting_by_timestamp is None:
+            return sorted_offsets(starting(settings.starting, low, high))
+        wanted = wanted_times(
+            partitions, settings.starting_timestamp, settings.starting_by_timestamp
+        )
+        found = self._offsets(
+            {TopicPartition(t, p): OffsetSpec.for_timestamp(ms) for (t, p), ms in wanted.items()}
+        )
+        return sorted_offsets(at_times(found, wanted, high, settings.timestamp_strategy))
+
     def initialOffset(self) -> Offsets:
-        counts = self._partitions()
-        low, high = self._bounds(counts)
-        start: Offsets = {}
-        starting = self.settings.starting
-        for topic, partitions in high.items():
-            for partition in partitions:
-                if starting == "latest":
-                    offset = high[topic][partition]
-                elif isinstance(starting, dict) and partition in starting.get(topic, {}):
-                    given = starting[topic][partition]
-                    offset = {EARLIEST: low[topic][partition], LATEST: high[topic][partition]}.get(
-                        given, given
-                    )
-                else:
-                    offset = low[topic][partition]
-                start.setdefault(topic, {})[partition] = offset
-        return sorted_offsets(start)
+        partitions = self._partitions()
+        low, high = self._bounds(partitions)
+        return self._starting(partitions, low, high)
 
     def _watermarks(self) -> Snapshot | None:
         gate = self._gate
+        if gate is not None and self.settings.depends_on and self._gate_topics != self._topics:
+            # Polling the admin API watches a fixed set of topics: a topic matched since by
+            # subscribePattern needs a new poller.
+            gate.stop()
+            gate = self._gate = None
         if gate is None:
             from sdk._gating import Gate
             from sdk._sources import EmbeddedSource, HttpSource, RedisSource
@@ -132,11 +166,14 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 sources.append(RedisSource(settings.redis_url, prefix=settings.redis_prefix))
             if settings.http_url:
                 sources.append(HttpSource(settings.http_url, token=settings.http_token))
+            if settings.depends_on and not self._topics:
+                return None  # no topic to read yet, nothing to gate
+            self._gate_topics = list(self._topics)
             if settings.depends_on:
                 sources.append(
                     EmbeddedSource(
                         settings.client_config(),
-                        settings.topics,
+                        self._gate_topics,
                         settings.depends_on,
                         poll_interval=settings.poll_interval,
                     )
@@ -145,10 +182,26 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             gate.wait_for_snapshot(10)
         return gate.snapshot
 
+    def stop(self) -> None:
+        """Stops the gate's threads and drops the admin client."""
+        if self._gate is not None:
+            self._gate.stop()
+        self._gate = self._admin = None
+
+
+class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches on the driver (offsets, gating) and reads ranges on executors."""
+
+    def __init__(self, options: Mapping[str, str], headers: bool) -> None:
+        super().__init__(options)
+        self.headers = headers
+        self._target: Offsets | None = None
+        self.lost_records = 0  # skipped because Kafka no longer had them (failOnDataLoss=false)
+        self._losses: set[tuple[str, str, int]] = set()  # reported already
+
     def _available(self, start: Offsets) -> Offsets:
         """Per partition, how far a batch may go now: min(end, watermark)."""
-        counts = self._partitions()
-        low, high = self._bounds(counts)
+        low, high = self._bounds(self._partitions())
         self._check_data_loss(start, low)
         snapshot = self._watermarks() if self.settings.gated else None
         end: Offsets = {}
@@ -165,7 +218,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     watermark = (
                         None if snapshot is None else snapshot.watermark(topic, int(partition))
                     )
-                    limit = min(limit, begin if watermark is None else max(begin, watermark))
+                    limit = gated_end(begin, limit, watermark)
                 end.setdefault(topic, {})[partition] = max(begin, limit)
         return end
 
@@ -217,10 +270,6 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def commit(self, end: Offsets) -> None:
         """Spark calls this a batch late; the job's Kafka commits come from ProgressCommitter."""
 
-    def stop(self) -> None:
-        if self._gate is not None:
-            self._gate.stop()
-
     # ---- reading (executors) -----------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -248,3 +297,8 @@ class GatedKafkaSource(DataSource):
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return GatedKafkaStreamReader(self.options, self._headers())
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        from sdk.spark._batch import GatedKafkaBatchReader
+
+        return GatedKafkaBatchReader(self.options, self._headers())
