@@ -173,13 +173,15 @@ def subscription(
 ) -> tuple[list[str], re.Pattern[str] | None, dict[str, list[int]] | None]:
     """Exactly one of ``subscribe`` (or ``topic``), ``subscribePattern`` and ``assign``: the
     topics, the pattern, or the partitions per topic (the other two empty)."""
-    given = [name for key, name in SUBSCRIPTIONS.items() if options.get(key, "").strip()]
+    given = [name for key, name in SUBSCRIPTIONS.items() if key in options]
     if len(given) != 1:
         names = ", ".join(SUBSCRIPTIONS.values())
         found = f"got {' and '.join(given)}" if given else "got none"
         raise SourceOptionError(f"{NAME}: exactly one of the options {names} is required ({found})")
     if given[0] == "subscribePattern":
         value = options["subscribepattern"]
+        if not value.strip():
+            raise _bad("subscribePattern", "must be a regular expression over topic names")
         try:
             return [], re.compile(value.strip()), None
         except re.error as exc:
