@@ -31,6 +31,11 @@ Offsets = dict[str, dict[str, int]]
 UNSUPPORTED = {
     "endingtimestamp": ("endingTimestamp", "is not supported: use endingOffsets"),
     "endingoffsetsbytimestamp": ("endingOffsetsByTimestamp", "is not supported: use endingOffsets"),
+    "minoffsetspertrigger": (
+        "minOffsetsPerTrigger",
+        "is not supported: a batch holds what the gate released (see maxOffsetsPerTrigger)",
+    ),
+    "maxtriggerdelay": ("maxTriggerDelay", "is not supported (it goes with minOffsetsPerTrigger)"),
 }
 
 

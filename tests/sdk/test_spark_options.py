@@ -85,6 +85,7 @@ def test_exactly_one_of_subscribe_subscribe_pattern_and_assign(
         ({"startingOffsetsByTimestampStrategy": "earliest"}, False, "must be error or latest"),
         ({"endingOffsets": "latest"}, False, "'endingOffsets' is for batch reads only"),
         ({"endingTimestamp": "5"}, True, "'endingTimestamp' is not supported"),
+        ({"minOffsetsPerTrigger": "5"}, False, "'minOffsetsPerTrigger' is not supported"),
         ({"startingOffsets": "latest"}, True, "cannot be latest for a batch read"),
         ({"startingOffsets": '{"a": {"0": -1}}'}, True, r"cannot use -1 \(latest\)"),
         ({"endingOffsets": "earliest"}, True, "'endingOffsets' cannot be earliest"),
