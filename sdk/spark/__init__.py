@@ -30,7 +30,9 @@ Options (those of Spark's JVM Kafka source where they fit):
 ``startingOffsets``            ``earliest`` (default), ``latest``, or JSON such as
                                ``{"payments": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest)
 ``maxOffsetsPerTrigger``       most records per micro-batch, spread over partitions
-``maxRecordsPerPartition``     split larger ranges over several Spark tasks (default 100000)
+``maxRecordsPerPartition``     split larger ranges over several Spark tasks (default: one
+                               task per Kafka partition)
+``minPartitions``              at least this many Spark tasks: the largest ranges are split
 ``includeHeaders``             ``true`` adds the ``headers`` column (default ``false``)
 ``failOnDataLoss``             ``true`` (default): a planned range that retention or deletion
                                removed from Kafka fails the query, naming the partition and
