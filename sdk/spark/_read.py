@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from itertools import chain
 
+import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -107,17 +109,24 @@ def _chunks(settings: Settings, consumer: Consumer, task: OffsetRange) -> Iterat
 
 
 def record_batch(messages: list[Message], task: OffsetRange, headers: bool) -> pa.RecordBatch:
-    """One Arrow record batch in the source's schema (Spark takes it without per-row work)."""
-    stamps = [message.timestamp() for message in messages]
+    """One Arrow record batch in the source's schema, built column by column: each column is
+    one C-level pass over the messages into a list or a NumPy array, handed to Arrow in bulk
+    (no Python object kept per record: the timestamp tuples are consumed as they come)."""
+    count = len(messages)
+    stamps = np.fromiter(
+        chain.from_iterable(map(Message.timestamp, messages)), np.int64, count=2 * count
+    ).reshape(count, 2)
+    kinds = stamps[:, 0].astype(np.int32)
+    missing = kinds == 0  # librdkafka's TIMESTAMP_NOT_AVAILABLE: a null timestamp
     columns = [
-        pa.array([m.key() for m in messages], pa.binary()),
-        pa.array([m.value() for m in messages], pa.binary()),
-        pa.array([task.topic] * len(messages), pa.string()),
-        pa.array([task.partition] * len(messages), pa.int32()),
-        pa.array([m.offset() for m in messages], pa.int64()),
-        pa.array([stamp * 1000 if kind else None for kind, stamp in stamps], _TIMESTAMP),
-        # The JVM source's codes: 0 CreateTime, 1 LogAppendTime (librdkafka counts from 1).
-        pa.array([kind - 1 if kind else -1 for kind, _ in stamps], pa.int32()),
+        pa.array(list(map(Message.key, messages)), pa.binary()),
+        pa.array(list(map(Message.value, messages)), pa.binary()),
+        pa.repeat(pa.scalar(task.topic, pa.string()), count),
+        pa.repeat(pa.scalar(task.partition, pa.int32()), count),
+        pa.array(np.fromiter(map(Message.offset, messages), np.int64, count=count)),
+        pa.array(stamps[:, 1] * 1000, _TIMESTAMP, mask=missing if missing.any() else None),
+        # The JVM source's codes: 0 CreateTime, 1 LogAppendTime, -1 none (librdkafka: 1, 2, 0).
+        pa.array(kinds - 1, pa.int32()),
     ]
     if headers:
         columns.append(pa.array([m.headers() or [] for m in messages], _HEADERS))
