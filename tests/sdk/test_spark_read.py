@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
-from sdk.spark._plan import Offsets, ranges
+from sdk.spark._plan import OffsetRange, Offsets, ranges
+from sdk.spark._read import read_range, record_batch
+from sdk.spark._settings import Settings
+from tests.support import Kafka, unique, wait_until
 
 partition_ranges = st.dictionaries(
     st.sampled_from(["a", "b"]),
@@ -91,3 +96,164 @@ def test_min_partitions_splits_the_largest_ranges_first() -> None:
     ]
     # Never more tasks than records.
     assert len(ranges({"t": {"0": 0}}, {"t": {"0": 3}}, None, 10)) == 3
+
+
+# ---- reading ranges with a consumer the worker keeps ------------------------------------
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
+    """The consumers the reader opens (real ones), with none kept from earlier tests."""
+    import sdk.spark._read as read_module
+    from sdk.spark import _consumers
+
+    _consumers.close_all()
+    consumers: list[object] = []
+    real = read_module._open
+
+    def recording(config: dict[str, str]) -> object:
+        consumers.append(real(config))
+        return consumers[-1]
+
+    monkeypatch.setattr(read_module, "_open", recording)
+    yield consumers
+    _consumers.close_all()
+
+
+def settings(kafka: Kafka, topic: str, **options: str) -> Settings:
+    return Settings(
+        {"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": topic, "gate.enabled": "false"}
+        | options
+    )
+
+
+def read(given: Settings, topic: str, partition: int, start: int, end: int) -> list[str]:
+    batches = read_range(given, OffsetRange(topic, partition, start, end), headers=False)
+    return [
+        f"{partition}@{offset}={value.decode()}"
+        for batch in batches
+        for offset, value in zip(
+            batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True
+        )
+    ]
+
+
+def expected(partition: int, start: int, end: int) -> list[str]:
+    return [f"{partition}@{i}={partition}:{i}" for i in range(start, end)]
+
+
+def test_one_kept_consumer_reads_adjacent_and_overlapping_ranges_exactly(
+    kafka: Kafka, opened: list[object]
+) -> None:
+    """The consumer kept after a range has fetched past its end: the next range must get
+    exactly its own records, whether it starts where the last one ended (read on), before it
+    (overlapping: re-assigned, the prefetched records discarded) or on another partition."""
+    from sdk.spark import _consumers
+
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 3_000, 1: 500})
+    given = settings(kafka, topic)
+    for partition, start, end in [
+        (0, 0, 100),
+        (0, 100, 200),  # adjacent
+        (0, 50, 150),  # overlapping, before where the consumer stands
+        (0, 120, 130),  # inside the last one
+        (0, 2_000, 2_010),  # ahead
+        (1, 0, 300),  # another partition
+        (0, 130, 140),  # back to the first one
+        (1, 300, 500),
+    ]:
+        assert read(given, topic, partition, start, end) == expected(partition, start, end)
+        assert _consumers.kept() == 1
+    # Ranges of a size class share one consumer (1,024 offsets or fewer).
+    assert len(opened) == 1
+
+
+def test_a_range_stopped_or_failed_midway_closes_its_consumer(
+    kafka: Kafka, opened: list[object]
+) -> None:
+    from sdk.spark import _consumers
+
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 30_000})
+    given = settings(kafka, topic)
+    batches = read_range(given, OffsetRange(topic, 0, 0, 30_000), headers=False)
+    next(batches)  # the first chunk of records; Spark stops the task there
+    batches.close()
+    assert _consumers.kept() == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        opened[-1].assignment()  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match=r"(?i)unknown|partition"):
+        list(read_range(given, OffsetRange(topic, 7, 0, 10), headers=False))
+    assert _consumers.kept() == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        opened[-1].assignment()  # type: ignore[attr-defined]
+    # The next range gets a new consumer and reads exactly.
+    assert read(given, topic, 0, 5, 15) == expected(0, 5, 15)
+    assert len(opened) == 3
+
+
+def test_idle_consumers_are_closed(
+    kafka: Kafka, opened: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sdk.spark import _consumers
+
+    monkeypatch.setattr(_consumers, "IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(_consumers, "CHECK_SECONDS", 0.1)
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10})
+    assert read(settings(kafka, topic), topic, 0, 0, 10) == expected(0, 0, 10)
+    wait_until(lambda: _consumers.kept() == 0, what="the idle consumer closed", timeout=20)
+    with pytest.raises(RuntimeError, match="closed"):
+        opened[-1].assignment()  # type: ignore[attr-defined]
+
+
+def test_prefetch_follows_the_range_and_the_users_settings_win() -> None:
+    from sdk.spark._consumers import sized
+
+    assert sized({}, 200)["queued.min.messages"] == "1024"
+    assert sized({}, 5_000)["queued.min.messages"] == "8192"
+    assert sized({}, 10_000_000)["queued.min.messages"] == "131072"
+    assert int(sized({}, 200)["queued.max.messages.kbytes"]) < 65_536  # librdkafka's default
+    user = {
+        "queued.min.messages": "5",
+        "fetch.max.bytes": "1000",
+        "queued.max.messages.kbytes": "7",
+    }
+    assert sized(user, 10_000) == user
+
+
+def test_record_batches_match_the_records_row_by_row(kafka: Kafka) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = kafka.create_topic(1)
+    producer = kafka.producer()
+    for i in range(40):
+        producer.produce(
+            topic,
+            key=None if i % 3 else b"k%d" % i,
+            value=None if i % 5 == 0 else b"v%d" % i,
+            partition=0,
+            timestamp=1_700_000_000_000 + i if i % 2 else 0,
+            headers=[("h", b"%d" % i)] if i % 4 else None,
+        )
+    producer.flush(30)
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("rows")})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    messages: list = []
+    wait_until(lambda: messages.extend(consumer.consume(40, 0.5)) or len(messages) >= 40)
+    consumer.close()
+    task = OffsetRange(topic, 0, 0, 40)
+    columns = record_batch(messages, task, headers=True).to_pydict()
+    assert columns["key"] == [m.key() for m in messages]
+    assert columns["value"] == [m.value() for m in messages]
+    assert columns["topic"] == [topic] * 40
+    assert columns["partition"] == [0] * 40
+    assert columns["offset"] == list(range(40))
+    assert [t.timestamp() * 1000 for t in columns["timestamp"]] == [
+        m.timestamp()[1] for m in messages
+    ]
+    assert columns["timestampType"] == [m.timestamp()[0] - 1 for m in messages]
+    assert columns["headers"] == [
+        [{"key": k, "value": v} for k, v in m.headers() or []] for m in messages
+    ]
