@@ -257,3 +257,23 @@ def test_record_batches_match_the_records_row_by_row(kafka: Kafka) -> None:
     assert columns["headers"] == [
         [{"key": k, "value": v} for k, v in m.headers() or []] for m in messages
     ]
+
+
+def test_the_executor_side_does_not_import_the_engine() -> None:
+    """What an executor unpickles to read (the stream reader's module) leaves the parallel
+    consumer engine unloaded, and every public name of ``sdk`` is still importable."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sdk.spark._stream\n"
+        "assert 'sdk._engine' not in sys.modules, 'engine imported'\n"
+        "import sdk\n"
+        "for name in sdk.__all__:\n"
+        "    exec(f'from sdk import {name}')\n"
+        "assert 'sdk._engine' in sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
