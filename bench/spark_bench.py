@@ -210,6 +210,8 @@ def session(master: str) -> Any:
         .set("spark.pyspark.python", sys.executable)
         .set("spark.executorEnv.PYTHONPATH", path)
         .set("spark.driver.extraJavaOptions", "-Xss32m")
+        # On a loaded machine a new Python worker may take longer than the default 15 s.
+        .set("spark.python.authenticate.socketTimeout", "120s")
     )
     for name in ("KAFKA_GATE_PURE_CORE",):
         if name in os.environ:
