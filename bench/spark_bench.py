@@ -1,51 +1,184 @@
-"""Gated Spark source benchmark.
+"""Spark source read-speed benchmark, on noida-db.
 
-Reads one topic with the ``gated-kafka`` source into Spark's ``noop`` sink, in micro-batches
-of ``maxOffsetsPerTrigger`` records (``Trigger.AvailableNow``), gated on a dependency group
-that has committed past everything (embedded admin polling) and with gating off, alternating
-in the same run on the same SparkSession (local[2]). Reports rows per second over the
-batches' execution time (target: gated/ungated >= 0.9) and the per-batch overhead: the time
-Spark spends in ``latestOffset`` (planning, where the watermarks are read) and per batch.
+One topic of ``--records`` records of 100 bytes in 4 partitions, read in interleaved rounds by:
 
-Run: ``python -m bench.spark_bench [--quick]``.
+- **plain loop**: a single-process confluent-kafka consumer loop over the topic (the baseline);
+- **ceiling**: a Python data source yielding prebuilt Arrow batches, no Kafka (what Spark can
+  take from a Python source here);
+- **gating off**: the ``gated-kafka`` source with ``gate.enabled`` false;
+- **gated**: the ``gated-kafka`` source gated on a dependency group committed past the end
+  (embedded ``gate.dependsOn``);
+
+the Spark ones into the ``noop`` sink with ``Trigger.AvailableNow``, in ``local[2]`` and
+(``--cluster``, on by default) ``local-cluster[2,1,1024]``, one session per master started
+once. Reports rows/s (best and median over the rounds), ratios against the plain loop and the
+ceiling, gated / gating off on rows/s and on wall time, the CPU the Spark Python processes
+spent per row, and a microbenchmark of building Arrow batches (column-wise against the former
+row-by-row code). Targets: gated-kafka >= 0.9 of the plain loop, >= 0.7 of the ceiling,
+gated / gating off >= 0.9, Python CPU per row <= 2 us.
+
+Run: ``python -m bench.spark_bench [--quick] [--records N] [--no-cluster]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from rich.progress import track
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from bench._report import console, table, write
 from bench.engine_bench import create_topic, group_far_ahead, produce
-from gate._local import LocalBroker
+from gate._local import LocalNoida
 
 PARTITIONS = 4
+VALUE = b"x" * 100
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def session() -> Any:
-    from sdk.spark import local_session
-
-    spark = local_session("gated-kafka-bench")
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+# ---- the ceiling: a Python source yielding prebuilt Arrow batches -------------------------
 
 
-def run(spark: Any, bootstrap: str, topic: str, gating: dict[str, str], per_batch: int) -> dict:
-    stream = (
-        spark.readStream.format("gated-kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("maxOffsetsPerTrigger", str(per_batch))
+class PrebuiltStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``records`` rows in ``PARTITIONS`` tasks, each yielding one prebuilt batch repeatedly."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"rows": 0}
+
+    def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+        return {"rows": self.records}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        count = end["rows"] - start["rows"]
+        return [InputPartition(count // PARTITIONS) for _ in range(PARTITIONS)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from sdk.spark._read import _ARROW
+
+        size = 10_000
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.nulls(size, pa.binary()),
+                pa.array([VALUE] * size, pa.binary()),
+                pa.repeat(pa.scalar("t"), size),
+                pa.repeat(pa.scalar(0, pa.int32()), size),
+                pa.array(range(size), pa.int64()),
+                pa.array([time.time_ns() // 1000] * size, pa.int64()).cast(_ARROW.field(5).type),
+                pa.repeat(pa.scalar(0, pa.int32()), size),
+            ],
+            schema=_ARROW,
+        )
+        left = partition.value
+        while left > 0:
+            yield batch if left >= size else batch.slice(0, left)
+            left -= size
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass
+
+
+class PrebuiltSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "prebuilt-arrow"
+
+    def schema(self) -> str:
+        from sdk.spark._stream import SCHEMA
+
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return PrebuiltStreamReader(int(self.options["records"]))
+
+
+# ---- the readers -------------------------------------------------------------------------
+
+
+def plain_loop(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "plain-loop", "enable.auto.commit": False}
     )
-    for key, value in gating.items():
+    started, cpu = time.perf_counter(), time.process_time()
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    rows = 0
+    while rows < records:
+        rows += sum(1 for m in consumer.consume(10_000, 1.0) if m.error() is None)
+    wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    consumer.close()
+    return {
+        "rows": rows,
+        "rows_per_second": rows / wall,
+        "wall_seconds": wall,
+        "python_cpu_us_per_row": cpu / rows * 1e6,
+    }
+
+
+def python_cpu_seconds() -> float:
+    """CPU time of the Spark Python processes this benchmark started (workers, daemons, the
+    source's planner; their exited children included), read from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        if b"python" in Path(command[0].decode()).name.encode() and any(
+            b"pyspark" in part for part in command[1:]
+        ):
+            stats[int(entry.name)] = fields
+    total = 0.0
+    for pid, fields in stats.items():
+        ancestor = pid
+        while ancestor > 1 and ancestor != os.getpid():
+            ancestor = parents.get(ancestor, 0)
+        if ancestor == os.getpid():
+            total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+    return total
+
+
+def spark_run(spark: Any, source: str, options: dict[str, str], records: int) -> dict[str, float]:
+    """One query; started again (up to three times) when Spark could not start its Python
+    planner in time, which happens on a loaded machine."""
+    for attempt in range(3):
+        try:
+            return spark_query(spark, source, options, records)
+        except Exception as exc:  # pyspark wraps the JVM error
+            if "failed to connect back" not in str(exc) or attempt == 2:
+                raise
+            console.print(f"[yellow]{source}: Python worker did not start in time; again[/]")
+    raise AssertionError("unreachable")
+
+
+def spark_query(spark: Any, source: str, options: dict[str, str], records: int) -> dict[str, float]:
+    stream = spark.readStream.format(source)
+    for key, value in options.items():
         stream = stream.option(key, value)
+    cpu = python_cpu_seconds()
     started = time.perf_counter()
     query = (
         stream.load()
@@ -56,90 +189,200 @@ def run(spark: Any, bootstrap: str, topic: str, gating: dict[str, str], per_batc
     )
     query.awaitTermination()
     wall = time.perf_counter() - started
+    cpu = python_cpu_seconds() - cpu
     batches = [p for p in query.recentProgress if p.numInputRows > 0]
     rows = sum(p.numInputRows for p in batches)
     execution = sum(p.durationMs.get("triggerExecution", 0) for p in batches) / 1000
-    planning = [p.durationMs.get("latestOffset", 0) for p in batches]
+    if rows != records:
+        raise SystemExit(f"{source} {options}: read {rows} rows of {records}")
     return {
         "rows": rows,
-        "batches": len(batches),
         "rows_per_second": rows / execution if execution else 0.0,
-        "wall_seconds": round(wall, 3),
-        "latest_offset_ms": statistics.median(planning) if planning else 0.0,
-        "batch_ms": statistics.median(
-            [p.durationMs.get("triggerExecution", 0) for p in batches] or [0]
-        ),
+        "wall_seconds": wall,
+        "python_cpu_us_per_row": cpu / rows * 1e6,
     }
+
+
+def session(master: str) -> Any:
+    """A SparkSession on ``master`` with both sources registered; executors run this
+    interpreter with this checkout importable."""
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    from sdk.spark import GatedKafkaSource
+
+    path = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = path
+    conf = (
+        SparkConf()
+        .setMaster(master)
+        .setAppName("gated-kafka-read-bench")
+        .set("spark.ui.enabled", "false")
+        .set("spark.ui.showConsoleProgress", "false")
+        .set("spark.pyspark.python", sys.executable)
+        .set("spark.executorEnv.PYTHONPATH", path)
+        .set("spark.driver.extraJavaOptions", "-Xss32m")
+        # On a loaded machine a new Python worker may take longer than the default 15 s.
+        .set("spark.python.authenticate.socketTimeout", "120s")
+    )
+    for name in ("KAFKA_GATE_PURE_CORE",):
+        if name in os.environ:
+            conf = conf.set(f"spark.executorEnv.{name}", os.environ[name])
+    spark = SparkSession.builder.config(conf=conf).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(GatedKafkaSource)
+    spark.dataSource.register(PrebuiltSource)
+    return spark
+
+
+# ---- Arrow batches: column-wise against the former row-by-row building ---------------------
+
+
+def row_by_row(messages: list[Any], topic: str, partition: int) -> pa.RecordBatch:
+    from sdk.spark._read import _ARROW, _TIMESTAMP
+
+    stamps = [message.timestamp() for message in messages]
+    columns = [
+        pa.array([m.key() for m in messages], pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
+        pa.array([topic] * len(messages), pa.string()),
+        pa.array([partition] * len(messages), pa.int32()),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        pa.array([stamp * 1000 if kind else None for kind, stamp in stamps], _TIMESTAMP),
+        pa.array([kind - 1 if kind else -1 for kind, _ in stamps], pa.int32()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=_ARROW)
+
+
+def arrow_micro(bootstrap: str, topic: str, repeats: int) -> dict[str, dict[str, float]]:
+    from sdk.spark._plan import OffsetRange
+    from sdk.spark._read import record_batch
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "arrow-micro"})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    messages: list[Any] = []
+    while len(messages) < 10_000:
+        messages += consumer.consume(10_000 - len(messages), 1.0)
+    consumer.close()
+    task = OffsetRange(topic, 0, 0, 10_000)
+    if not record_batch(messages, task, False).equals(row_by_row(messages, topic, 0)):
+        raise SystemExit("column-wise and row-by-row Arrow batches differ")
+    times: dict[str, list[float]] = {"row by row (before)": [], "column-wise (now)": []}
+    for _ in range(repeats):
+        for name, build in (
+            ("row by row (before)", lambda: row_by_row(messages, topic, 0)),
+            ("column-wise (now)", lambda: record_batch(messages, task, False)),
+        ):
+            started = time.perf_counter()
+            build()
+            times[name].append((time.perf_counter() - started) / len(messages) * 1e6)
+    return {
+        name: {"best_us": min(us), "median_us": statistics.median(us)} for name, us in times.items()
+    }
+
+
+# ---- the run -----------------------------------------------------------------------------
+
+
+def summary(results: list[dict[str, float]]) -> dict[str, float]:
+    rates = [r["rows_per_second"] for r in results]
+    walls = [r["wall_seconds"] for r in results]
+    cpu = [r["python_cpu_us_per_row"] for r in results if "python_cpu_us_per_row" in r]
+    return {
+        "best": max(rates),
+        "median": statistics.median(rates),
+        "wall_median": statistics.median(walls),
+        "cpu_us_per_row": statistics.median(cpu) if cpu else float("nan"),
+    }
+
+
+def report(master: str, runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    sums = {name: summary(results) for name, results in runs.items()}
+    loop, ceiling = sums["plain loop"]["median"], sums["ceiling (prebuilt Arrow)"]["median"]
+    table(
+        f"{master}: rows/s over {len(runs['plain loop'])} interleaved rounds",
+        ["reader", "best", "median", "vs loop", "vs ceiling", "median wall s", "py µs/row"],
+        [
+            [
+                name,
+                s["best"],
+                s["median"],
+                s["median"] / loop,
+                s["median"] / ceiling,
+                s["wall_median"],
+                s["cpu_us_per_row"],
+            ]
+            for name, s in sums.items()
+        ],
+    )
+    gated, off = sums["gated (embedded)"], sums["gating off"]
+    ratios = {
+        "gated_vs_off_rows": gated["median"] / off["median"],
+        "gated_vs_off_wall": off["wall_median"] / gated["wall_median"],
+    }
+    console.print(
+        f"{master}: gated / gating off {ratios['gated_vs_off_rows']:.3f} on rows/s, "
+        f"{ratios['gated_vs_off_wall']:.3f} on wall time (targets >= 0.9)"
+    )
+    return {"summary": sums, **ratios, "runs": runs}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="200,000 records, 2 rounds")
+    parser.add_argument("--records", type=int, help="records to read (default 1,000,000)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 4)")
+    parser.add_argument("--cluster", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
-    records = 100_000 if args.quick else 400_000
-    rounds = 2 if args.quick else 4
-    per_batch = records // 10
-    with LocalBroker() as broker:
+    records = args.records or (200_000 if args.quick else 1_000_000)
+    records -= records % PARTITIONS
+    rounds = args.rounds or (2 if args.quick else 4)
+    masters = ["local[2]"] + (["local-cluster[2,1,1024]"] if args.cluster else [])
+    results: dict[str, Any] = {"records": records, "partitions": PARTITIONS, "rounds": rounds}
+    with LocalNoida() as broker:
         bootstrap = broker.bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap})
         topic = f"spark-{random.randrange(10**9)}"
-        create_topic(admin, topic, PARTITIONS)
-        produce(bootstrap, topic, records, lambda i: f"key-{i}".encode(), PARTITIONS)
-        dependency, ends = group_far_ahead(bootstrap, topic, PARTITIONS)
-        modes = {
-            "gating off": {"gate.enabled": "false"},
-            "gated (embedded)": {"gate.name": "bench", "gate.dependsOn": dependency},
-        }
-        spark = session()
-        try:
-            run(spark, bootstrap, topic, modes["gating off"], per_batch)  # warm up the JVM
-            runs: dict[str, list[dict]] = {name: [] for name in modes}
-            for _ in track(range(rounds), description="gated vs gating off", console=console):
-                for name, gating in modes.items():
-                    runs[name].append(run(spark, bootstrap, topic, gating, per_batch))
-        finally:
-            spark.stop()
-    for name, results in runs.items():
-        if any(r["rows"] != sum(ends) for r in results):
-            raise SystemExit(f"{name}: read {[r['rows'] for r in results]} rows of {sum(ends)}")
-    best = {
-        name: max(results, key=lambda r: r["rows_per_second"]) for name, results in runs.items()
-    }
-    ratio = best["gated (embedded)"]["rows_per_second"] / best["gating off"]["rows_per_second"]
-    table(
-        f"Gated Spark source, {records:,} records in {PARTITIONS} partitions, "
-        f"{per_batch:,} per batch, best of {rounds} (local[2])",
-        ["source", "rows/s", "median batch ms", "median latestOffset ms", "wall s"],
-        [
+        create_topic(AdminClient({"bootstrap.servers": bootstrap}), topic, PARTITIONS)
+        produce(bootstrap, topic, records, lambda i: None, PARTITIONS)
+        dependency, _ = group_far_ahead(bootstrap, topic, PARTITIONS)
+        results["arrow_batch_us_per_record"] = arrow_micro(bootstrap, topic, 20)
+        table(
+            "Building one Arrow batch of 10,000 records (µs per record)",
+            ["code", "best", "median"],
             [
-                name,
-                r["rows_per_second"],
-                r["batch_ms"],
-                r["latest_offset_ms"],
-                r["wall_seconds"],
-            ]
-            for name, r in best.items()
-        ],
-    )
-    overhead = best["gated (embedded)"]["batch_ms"] - best["gating off"]["batch_ms"]
-    console.print(
-        f"gated / gating off: [bold]{ratio:.3f}[/] (target >= 0.9); "
-        f"per-batch overhead {overhead:+.0f} ms"
-    )
-    write(
-        "spark_bench",
-        {
-            "records": records,
-            "partitions": PARTITIONS,
-            "per_batch": per_batch,
-            "runs": runs,
-            "best": best,
-            "ratio": round(ratio, 3),
-            "per_batch_overhead_ms": overhead,
-        },
-    )
+                [n, r["best_us"], r["median_us"]]
+                for n, r in results["arrow_batch_us_per_record"].items()
+            ],
+        )
+        kafka = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic}
+        spark_readers = {
+            "ceiling (prebuilt Arrow)": ("prebuilt-arrow", {"records": str(records)}),
+            "gating off": ("gated-kafka", {**kafka, "gate.enabled": "false"}),
+            "gated (embedded)": (
+                "gated-kafka",
+                {**kafka, "gate.name": "bench", "gate.dependsOn": dependency},
+            ),
+        }
+        for master in masters:
+            started = time.perf_counter()
+            spark = session(master)
+            console.print(f"{master}: session started in {time.perf_counter() - started:.1f}s")
+            try:
+                for source, options in spark_readers.values():  # warm up the Python workers
+                    spark_run(spark, source, options, records)
+                runs: dict[str, list[dict[str, float]]] = {"plain loop": []}
+                runs.update({name: [] for name in spark_readers})
+                for _ in range(rounds):
+                    runs["plain loop"].append(plain_loop(bootstrap, topic, records))
+                    for name, (source, options) in spark_readers.items():
+                        runs[name].append(spark_run(spark, source, options, records))
+            finally:
+                spark.stop()
+            results[master] = report(master, runs)
+    write("spark_bench", results)
 
 
 if __name__ == "__main__":

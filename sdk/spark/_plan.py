@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Mapping, Sequence
 
@@ -22,19 +23,52 @@ class OffsetRange(InputPartition):
 
 
 def ranges(
-    start: Offsets, end: Offsets, max_per_task: int, min_partitions: int | None = None
+    start: Offsets, end: Offsets, max_per_task: int | None, min_partitions: int | None = None
 ) -> list[OffsetRange]:
-    """The Spark tasks of a batch: each partition's range [start, end), split into ranges of
-    at most ``max_per_task`` records. ``min_partitions``: at least that many tasks."""
-    tasks: list[OffsetRange] = []
+    """The Spark tasks of a batch: one per Kafka partition with records in [start, end), that
+    partition's range split evenly when it holds more than ``max_per_task`` records; then the
+    largest ranges split further until there are at least ``min_partitions`` tasks (while a
+    range has records to split). Deterministic: a replayed batch plans the identical tasks."""
+    spans: list[tuple[str, int, int, int]] = []  # topic, partition, first, stop
     for topic, partitions in sorted(end.items()):
         for partition, stop in sorted(partitions.items(), key=lambda item: int(item[0])):
-            begin = start.get(topic, {}).get(partition, stop)
-            for first in range(begin, stop, max_per_task):
-                tasks.append(
-                    OffsetRange(topic, int(partition), first, min(stop, first + max_per_task))
-                )
+            first = start.get(topic, {}).get(partition, stop)
+            if first < stop:
+                spans.append((topic, int(partition), first, stop))
+    pieces = [
+        1 if max_per_task is None else -(-(stop - first) // max_per_task)
+        for _, _, first, stop in spans
+    ]
+    _split_largest(spans, pieces, min_partitions or 0)
+    tasks: list[OffsetRange] = []
+    for (topic, partition, first, stop), count in zip(spans, pieces, strict=True):
+        size, longer = divmod(stop - first, count)
+        for index in range(count):
+            last = first + size + (1 if index < longer else 0)
+            tasks.append(OffsetRange(topic, partition, first, last))
+            first = last
     return tasks
+
+
+def _split_largest(
+    spans: Sequence[tuple[str, int, int, int]], pieces: list[int], wanted: int
+) -> None:
+    """Adds pieces to the spans whose pieces are largest (ties: the first span) until there
+    are ``wanted`` pieces or every piece holds one record."""
+    heap = [
+        (-((stop - first) / count), index)
+        for index, ((_, _, first, stop), count) in enumerate(zip(spans, pieces, strict=True))
+    ]
+    heapq.heapify(heap)
+    total = sum(pieces)
+    while total < wanted and heap:
+        _, index = heapq.heappop(heap)
+        _, _, first, stop = spans[index]
+        if pieces[index] >= stop - first:
+            continue  # one record per piece: cannot split further
+        pieces[index] += 1
+        total += 1
+        heapq.heappush(heap, (-((stop - first) / pieces[index]), index))
 
 
 def data_loss(topic: str, partition: int, first: int, end: int) -> str:

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
+from itertools import chain
 
+import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from sdk.spark._consumers import Reader, discard, give_back, sized, take
 from sdk.spark._plan import OffsetRange, data_loss
 from sdk.spark._settings import LOG, NAME, Settings
 
 log = logging.getLogger("sdk.spark")
 STALL_SECONDS = 120.0  # a task whose consumer does not move for this long fails
+CHUNK = 10_000  # most records asked of the consumer at once, and per Arrow record batch
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _ARROW = pa.schema(
@@ -31,16 +36,31 @@ _ARROW_HEADERS = _ARROW.append(pa.field("headers", _HEADERS))
 
 
 def read_range(settings: Settings, task: OffsetRange, headers: bool) -> Iterator[pa.RecordBatch]:
-    """The records of one planned range, as Arrow record batches (on an executor)."""
-    consumer = Consumer({**settings.consumer_config(), "logger": LOG})
+    """The records of one planned range, as Arrow record batches (on an executor), read by a
+    consumer this worker keeps between tasks (see ``sdk.spark._consumers``)."""
+    config = sized(settings.consumer_config(), task.end - task.start)
+    reader: Reader | None = None
     try:
-        task = _readable(settings, consumer, task)
-        if task.start < task.end:
-            consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
-            for messages in _chunks(settings, consumer, task):
-                yield record_batch(messages, task, headers)
+        reader = take(config, task.topic, task.partition, task.start, lambda: _open(config))
+        readable = _readable(settings, reader.consumer, task)
+        # Where the consumer stands once the range is read (-1: not known exactly).
+        stands = task.start if readable is task else -1
+        if readable.start < readable.end:
+            # After the check: a consumer fetching from a start Kafka no longer holds would
+            # report it (auto.offset.reset is error) even once moved on.
+            reader.move_to(task.topic, task.partition, readable.start)
+            for messages, stands in _chunks(settings, reader.consumer, readable):  # noqa: B007
+                if messages:
+                    yield record_batch(messages, readable, headers)
+        done, reader = reader, None
+        give_back(done, stands)
     finally:
-        consumer.close()
+        if reader is not None:  # failed or stopped in the middle of the range
+            discard(reader)
+
+
+def _open(config: dict[str, str]) -> Consumer:
+    return Consumer({**config, "logger": LOG})
 
 
 def _readable(settings: Settings, consumer: Consumer, task: OffsetRange) -> OffsetRange:
@@ -57,10 +77,13 @@ def _readable(settings: Settings, consumer: Consumer, task: OffsetRange) -> Offs
     return OffsetRange(task.topic, task.partition, min(low, task.end), task.end)
 
 
-def _chunks(settings: Settings, consumer: Consumer, task: OffsetRange) -> Iterator[list[Message]]:
-    """The range's records, in the chunks the consumer hands them over. Offsets are not
-    contiguous (transaction markers, aborted records, compaction): the range is done when
-    the consumer's position reaches its end, whatever record it handed over last."""
+def _chunks(
+    settings: Settings, consumer: Consumer, task: OffsetRange
+) -> Iterator[tuple[list[Message], int]]:
+    """The range's records, in the chunks the consumer hands them over, each with the next
+    offset the consumer will hand over (-1 once it handed over a record beyond the range).
+    Offsets are not contiguous (transaction markers, aborted records, compaction): the range
+    is done when the consumer's position reaches its end, whatever record it handed last."""
     tp = TopicPartition(task.topic, task.partition)
     position = task.start
     moved = time.monotonic()
@@ -68,35 +91,23 @@ def _chunks(settings: Settings, consumer: Consumer, task: OffsetRange) -> Iterat
         # A batch consume waits for as many records as it asks for, or for the timeout:
         # never ask for more than the range's offsets, and do not wait long for a range
         # holding fewer records than offsets.
-        messages = consumer.consume(min(10_000, task.end - position), 0.1)
-        chunk: list[Message] = []
-        beyond = False
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                    raise RuntimeError(
-                        data_loss(task.topic, task.partition, position, task.end)
-                        + f" ({error.str()})"
-                    )
-                raise RuntimeError(f"{NAME}: reading {task.topic}[{task.partition}]: {error.str()}")
-            if message.offset() >= task.end:  # never beyond the planned end: the watermark
-                beyond = True
-                break
-            chunk.append(message)
-        if chunk:
-            yield chunk
+        messages = consumer.consume(min(CHUNK, task.end - position), 0.1)
+        if any(map(Message.error, messages)):  # rare: checked one by one only then
+            messages = _records(messages, task, position)
+        beyond = bool(messages) and messages[-1].offset() >= task.end
+        if beyond:  # never beyond the planned end: the watermark
+            offsets = list(map(Message.offset, messages))
+            messages = messages[: bisect_left(offsets, task.end)]
         # The position passes the records handed over and the markers and aborted records
         # the consumer skipped.
         reached = consumer.position([tp])[0].offset
-        if chunk:
-            reached = max(reached, chunk[-1].offset() + 1)
+        if messages:
+            reached = max(reached, messages[-1].offset() + 1)
         if beyond:
             reached = task.end
         if reached > position:
             position, moved = reached, time.monotonic()
+            yield messages, -1 if beyond else reached
         elif time.monotonic() - moved > STALL_SECONDS:
             raise RuntimeError(
                 f"{NAME}: {task.topic}[{task.partition}]: the reader stayed at offset "
@@ -106,18 +117,41 @@ def _chunks(settings: Settings, consumer: Consumer, task: OffsetRange) -> Iterat
             )
 
 
+def _records(messages: list[Message], task: OffsetRange, position: int) -> list[Message]:
+    """The records among ``messages``: end-of-partition events dropped, errors raised."""
+    records = []
+    for message in messages:
+        error = message.error()
+        if error is None:
+            records.append(message)
+        elif error.code() == KafkaError._AUTO_OFFSET_RESET:
+            raise RuntimeError(
+                data_loss(task.topic, task.partition, position, task.end) + f" ({error.str()})"
+            )
+        elif error.code() != KafkaError._PARTITION_EOF:
+            raise RuntimeError(f"{NAME}: reading {task.topic}[{task.partition}]: {error.str()}")
+    return records
+
+
 def record_batch(messages: list[Message], task: OffsetRange, headers: bool) -> pa.RecordBatch:
-    """One Arrow record batch in the source's schema (Spark takes it without per-row work)."""
-    stamps = [message.timestamp() for message in messages]
+    """One Arrow record batch in the source's schema, built column by column: each column is
+    one C-level pass over the messages into a list or a NumPy array, handed to Arrow in bulk
+    (no Python object kept per record: the timestamp tuples are consumed as they come)."""
+    count = len(messages)
+    stamps = np.fromiter(
+        chain.from_iterable(map(Message.timestamp, messages)), np.int64, count=2 * count
+    ).reshape(count, 2)
+    kinds = stamps[:, 0].astype(np.int32)
+    missing = kinds == 0  # librdkafka's TIMESTAMP_NOT_AVAILABLE: a null timestamp
     columns = [
-        pa.array([m.key() for m in messages], pa.binary()),
-        pa.array([m.value() for m in messages], pa.binary()),
-        pa.array([task.topic] * len(messages), pa.string()),
-        pa.array([task.partition] * len(messages), pa.int32()),
-        pa.array([m.offset() for m in messages], pa.int64()),
-        pa.array([stamp * 1000 if kind else None for kind, stamp in stamps], _TIMESTAMP),
-        # The JVM source's codes: 0 CreateTime, 1 LogAppendTime (librdkafka counts from 1).
-        pa.array([kind - 1 if kind else -1 for kind, _ in stamps], pa.int32()),
+        pa.array(list(map(Message.key, messages)), pa.binary()),
+        pa.array(list(map(Message.value, messages)), pa.binary()),
+        pa.repeat(pa.scalar(task.topic, pa.string()), count),
+        pa.repeat(pa.scalar(task.partition, pa.int32()), count),
+        pa.array(np.fromiter(map(Message.offset, messages), np.int64, count=count)),
+        pa.array(stamps[:, 1] * 1000, _TIMESTAMP, mask=missing if missing.any() else None),
+        # The JVM source's codes: 0 CreateTime, 1 LogAppendTime, -1 none (librdkafka: 1, 2, 0).
+        pa.array(kinds - 1, pa.int32()),
     ]
     if headers:
         columns.append(pa.array([m.headers() or [] for m in messages], _HEADERS))

@@ -102,8 +102,8 @@ class Settings:
         self.max_per_trigger = self._positive(
             lowered, "maxoffsetspertrigger", "maxOffsetsPerTrigger", None
         )
-        self.max_per_task = self._positive(
-            lowered, "maxrecordsperpartition", "maxRecordsPerPartition", 100_000
+        self.max_per_task: int | None = self._positive(
+            lowered, "maxrecordsperpartition", "maxRecordsPerPartition", None
         )
         self.min_partitions: int | None = self._positive(
             lowered, "minpartitions", "minPartitions", None
