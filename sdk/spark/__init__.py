@@ -20,7 +20,54 @@ min(end of the partition, watermark), capped further by ``maxOffsetsPerTrigger``
 
 Options (those of Spark's JVM Kafka source where they fit; docs/spark.md compares them all):
 
-=====================================  ==============================================
+=====================================  =====================================================
+``subscribe`` (or ``topic``)           topics, comma-separated; exactly one of ``subscribe``,
+                                       ``subscribePattern`` and ``assign``
+``subscribePattern``                   a regular expression over topic names, matched each
+                                       time a batch is planned (new topics join at earliest)
+``assign``                             JSON such as ``{"payments": [0, 2]}``
+``kafka.<property>``                   any librdkafka property (``kafka.bootstrap.servers``
+                                       required), consumer properties included: the
+                                       executors' consumers get them all (the driver's admin
+                                       client the ones it understands)
+``kafka.isolation.level``              ``read_committed`` (default) or ``read_uncommitted``:
+                                       batches are planned and read at this level
+``startingOffsets``                    ``earliest`` (default), ``latest`` (streams), or JSON
+                                       such as ``{"payments": {"0": 23, "1": -2}}`` (-2
+                                       earliest, -1 latest)
+``startingTimestamp``                  start at the first record at or after this timestamp
+                                       (ms), in every partition; comes first
+``startingOffsetsByTimestamp``         the same per partition (JSON naming every partition)
+``startingOffsetsByTimestampStrategy`` ``error`` (default) or ``latest``: a partition with no
+                                       record at or after its timestamp
+``endingOffsets``                      batch reads: ``latest`` (default) or JSON (-1 latest);
+                                       gated, never past the watermarks
+``maxOffsetsPerTrigger``               most records per micro-batch, spread over partitions
+``minPartitions``                      at least this many Spark tasks per batch: the
+                                       largest ranges are split
+``maxRecordsPerPartition``             split larger ranges over several Spark tasks (default:
+                                       one task per Kafka partition)
+``includeHeaders``                     ``true`` adds the ``headers`` column (default
+                                       ``false``)
+``failOnDataLoss``                     ``true`` (default): a planned range that retention or
+                                       deletion removed from Kafka fails the query, naming the
+                                       partition and the missing offsets; ``false``: logged,
+                                       counted, and reading continues from the log start
+``gate.name``                          the gate (required unless ``gate.enabled`` is
+                                       ``false``)
+``gate.redis.url``                     follow the gate service through Redis
+                                       (``gate.redis.prefix``)
+``gate.http.url``                      follow the gate service's HTTP API
+                                       (``gate.http.token``)
+``gate.dependsOn``                     poll the admin API directly for these groups
+                                       (comma-separated)
+``gate.pollIntervalMs``                embedded polling interval (default 200)
+``gate.enabled``                       ``false`` turns gating off (reads up to the end)
+=====================================  =====================================================
+
+``spark.read.format("gated-kafka")`` reads once what the gate has released now: from
+``startingOffsets`` to min(``endingOffsets``, watermark) per partition.
+
 The schema is the JVM source's: ``key``, ``value`` (binary), ``topic``, ``partition``,
 ``offset``, ``timestamp``, ``timestampType``, and with ``includeHeaders`` ``headers``.
 Offsets are ``{"topic": {"partition": next offset}}`` with sorted keys, so an unchanged offset
