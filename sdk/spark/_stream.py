@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +29,7 @@ from sdk.spark._plan import (
     ranges,
     sorted_offsets,
 )
+from sdk.spark._progress import held_back_by_gate, offsets_behind_latest
 from sdk.spark._read import read_range
 from sdk.spark._settings import EARLIEST, LATEST, LOG, NAME, Settings
 
@@ -36,6 +39,9 @@ SCHEMA = (
     "timestamp timestamp, timestampType int"
 )
 HEADERS = "headers array<struct<key: string, value: binary>>"
+# Planning a batch reuses the topics' partitions for this long (a partition added to a topic
+# joins the query at most this much later); the offsets are asked for at every batch.
+METADATA_REFRESH_SECONDS = 5.0
 
 
 class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -50,6 +56,13 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target: Offsets | None = None
         self.lost_records = 0  # skipped because Kafka no longer had them (failOnDataLoss=false)
         self._losses: set[tuple[str, str, int]] = set()  # reported already
+        # The last batch's planning: partitions (and when listed), log ends, where the gate
+        # let the batch go, and the age of the watermark snapshot it used.
+        self._counts: dict[str, int] | None = None
+        self._counts_at = 0.0
+        self._latest: Offsets | None = None
+        self._released: Offsets = {}
+        self._snapshot_age: float | None = None
 
     # Kafka clients and the gate's threads live on the driver only: never pickled to tasks.
     def __getstate__(self) -> dict[str, Any]:
@@ -145,12 +158,46 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             gate.wait_for_snapshot(10)
         return gate.snapshot
 
+    def _log_bounds(self) -> tuple[Offsets, Offsets]:
+        """Earliest and end offsets for planning a batch, in one round-trip: the partitions
+        listed at most METADATA_REFRESH_SECONDS ago, and both ListOffsets requests sent before
+        either answer is awaited. On any error, the full path (metadata, then offsets) says
+        what is wrong."""
+        now = time.monotonic()
+        if self._counts is None or now - self._counts_at >= METADATA_REFRESH_SECONDS:
+            self._counts, self._counts_at = self._partitions(), now
+        admin = self._admin_client()
+        partitions = [TopicPartition(t, p) for t, n in self._counts.items() for p in range(n)]
+        try:
+            pending = [
+                admin.list_offsets(
+                    {tp: spec for tp in partitions},
+                    isolation_level=self.settings.isolation,
+                    request_timeout=10,
+                )
+                for spec in (OffsetSpec.earliest(), OffsetSpec.latest())
+            ]
+            found: list[Offsets] = []
+            for futures in pending:
+                offsets: Offsets = {}
+                for tp, future in futures.items():
+                    offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result(
+                        timeout=15
+                    ).offset
+                found.append(offsets)
+        except KafkaException:
+            self._counts = self._partitions()  # a topic deleted or changed: fails clearly
+            self._counts_at = time.monotonic()
+            return self._bounds(self._counts)
+        return found[0], found[1]
+
     def _available(self, start: Offsets) -> Offsets:
         """Per partition, how far a batch may go now: min(end, watermark)."""
-        counts = self._partitions()
-        low, high = self._bounds(counts)
+        low, high = self._log_bounds()
         self._check_data_loss(start, low)
         snapshot = self._watermarks() if self.settings.gated else None
+        self._latest = sorted_offsets(high)
+        self._snapshot_age = None if snapshot is None else snapshot.age(time.time())
         end: Offsets = {}
         for topic, partitions in high.items():
             for partition, top in partitions.items():
@@ -167,6 +214,7 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     )
                     limit = min(limit, begin if watermark is None else max(begin, watermark))
                 end.setdefault(topic, {})[partition] = max(begin, limit)
+        self._released = end
         return end
 
     def _check_data_loss(self, start: Offsets, low: Offsets) -> None:
@@ -209,7 +257,26 @@ class GatedKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target = self._available(self.initialOffset())
 
     def reportLatestOffset(self) -> Offsets | None:
-        return None
+        """The log ends seen when the last batch was planned: Spark shows them as the source's
+        ``latestOffset`` in the query's progress, beside the batch's ``endOffset``."""
+        return self._latest
+
+    def metrics(self, latest_consumed: Offsets | str | None) -> dict[str, str]:
+        """The figures Spark's JVM Kafka source reports for a batch ending at
+        ``latest_consumed`` (``min/avg/maxOffsetsBehindLatest``), and the gate's:
+        ``recordsHeldBackByGate`` (records between the batch's end and the log end that the
+        gate had not released) and ``watermarkSnapshotAgeMs`` (the age of the watermarks the
+        batch was planned with). Strings, as Spark wants them; empty before a batch is planned.
+        Spark 4.3 does not call this for a Python source (see docs/spark.md, "Progress")."""
+        if self._latest is None or latest_consumed is None:
+            return {}
+        end = json.loads(latest_consumed) if isinstance(latest_consumed, str) else latest_consumed
+        figures = offsets_behind_latest(end, self._latest)
+        held = held_back_by_gate(end, self._released, self._latest) if self.settings.gated else 0
+        figures["recordsHeldBackByGate"] = str(held)
+        if self._snapshot_age is not None:
+            figures["watermarkSnapshotAgeMs"] = str(round(self._snapshot_age * 1000))
+        return figures
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         return ranges(start, end, self.settings.max_per_task, self.settings.min_partitions)
