@@ -44,6 +44,7 @@ def gated_topic(kafka: Kafka) -> tuple[str, str]:
     return topic, dependency
 
 
+@pytest.mark.timeout(600)  # the module's Spark session and a first batch on a loaded machine
 def test_the_progress_shows_the_log_ends_beside_a_gated_end(spark: Any, kafka: Kafka) -> None:
     topic, dependency = gated_topic(kafka)
     query = (
