@@ -102,6 +102,7 @@ except ImportError as missing:
 from sdk.spark._batch import GatedKafkaBatchReader
 from sdk.spark._commit import ProgressCommitter
 from sdk.spark._plan import OffsetRange, kafka_ending_offsets
+from sdk.spark._progress import source_metrics
 from sdk.spark._session import local_session
 from sdk.spark._settings import NAME, SourceOptionError
 from sdk.spark._stream import GatedKafkaSource, GatedKafkaStreamReader
@@ -116,4 +117,5 @@ __all__ = [
     "SourceOptionError",
     "kafka_ending_offsets",
     "local_session",
+    "source_metrics",
 ]

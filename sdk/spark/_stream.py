@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +35,7 @@ from sdk.spark._plan import (
     ranges,
     sorted_offsets,
 )
+from sdk.spark._progress import held_back_by_gate, offsets_behind_latest
 from sdk.spark._read import read_range
 from sdk.spark._settings import LOG, NAME, Settings
 
@@ -42,6 +45,9 @@ SCHEMA = (
     "timestamp timestamp, timestampType int"
 )
 HEADERS = "headers array<struct<key: string, value: binary>>"
+# Planning a batch reuses the topics' partitions for this long (a partition added to a topic
+# joins the query at most this much later); the offsets are asked for at every batch.
+METADATA_REFRESH_SECONDS = 5.0
 
 
 class KafkaPlanner:
@@ -118,15 +124,29 @@ class KafkaPlanner:
         }
 
     def _bounds(self, partitions: Partitions) -> tuple[Offsets, Offsets]:
-        """Earliest and end offset of every partition (two admin requests). The end is the one
-        the readers see: under read_committed the last stable offset (where the first open
-        transaction begins), under read_uncommitted the high watermark."""
+        """Earliest and end offset of every partition: two ListOffsets requests, both sent
+        before either answer is awaited (one round-trip). The end is the one the readers see:
+        under read_committed the last stable offset (where the first open transaction begins),
+        under read_uncommitted the high watermark."""
         chosen = [TopicPartition(t, p) for t, parts in partitions.items() for p in parts]
+        if not chosen:
+            return {}, {}
+        admin = self._admin_client()
+        pending = [
+            admin.list_offsets(
+                dict.fromkeys(chosen, spec),
+                isolation_level=self.settings.isolation,
+                request_timeout=10,
+            )
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest())
+        ]
         found: list[Offsets] = []
-        for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+        for futures in pending:
             offsets: Offsets = {}
-            for (topic, partition), offset in self._offsets(dict.fromkeys(chosen, spec)).items():
-                offsets.setdefault(topic, {})[str(partition)] = offset
+            for tp, future in futures.items():
+                offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result(
+                    timeout=15
+                ).offset
             found.append(sorted_offsets(offsets))
         return found[0], found[1]
 
@@ -198,12 +218,34 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
         self._target: Offsets | None = None
         self.lost_records = 0  # skipped because Kafka no longer had them (failOnDataLoss=false)
         self._losses: set[tuple[str, str, int]] = set()  # reported already
+        # The last batch's planning: the partitions (and when they were listed), the log ends,
+        # where the gate let the batch go, and the age of the watermark snapshot it used.
+        self._listed: Partitions | None = None
+        self._listed_at = 0.0
+        self._latest: Offsets | None = None
+        self._released: Offsets = {}
+        self._snapshot_age: float | None = None
+
+    def _log_bounds(self) -> tuple[Offsets, Offsets]:
+        """Earliest and end offsets for planning a batch, in one round-trip: the partitions
+        listed at most METADATA_REFRESH_SECONDS ago. On an error, the partitions are listed
+        again, which says clearly what is wrong (a topic deleted, Kafka unreachable)."""
+        now = time.monotonic()
+        if self._listed is None or now - self._listed_at >= METADATA_REFRESH_SECONDS:
+            self._listed, self._listed_at = self._partitions(), now
+        try:
+            return self._bounds(self._listed)
+        except KafkaException:
+            self._listed, self._listed_at = self._partitions(), time.monotonic()
+            return self._bounds(self._listed)
 
     def _available(self, start: Offsets) -> Offsets:
         """Per partition, how far a batch may go now: min(end, watermark)."""
-        low, high = self._bounds(self._partitions())
+        low, high = self._log_bounds()
         self._check_data_loss(start, low)
         snapshot = self._watermarks() if self.settings.gated else None
+        self._latest = sorted_offsets(high)
+        self._snapshot_age = None if snapshot is None else snapshot.age(time.time())
         end: Offsets = {}
         for topic, partitions in high.items():
             for partition, top in partitions.items():
@@ -220,6 +262,7 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
                     )
                     limit = gated_end(begin, limit, watermark)
                 end.setdefault(topic, {})[partition] = max(begin, limit)
+        self._released = end
         return end
 
     def _check_data_loss(self, start: Offsets, low: Offsets) -> None:
@@ -262,7 +305,26 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
         self._target = self._available(self.initialOffset())
 
     def reportLatestOffset(self) -> Offsets | None:
-        return None
+        """The log ends seen when the last batch was planned: Spark shows them as the source's
+        ``latestOffset`` in the query's progress, beside the batch's ``endOffset``."""
+        return self._latest
+
+    def metrics(self, latest_consumed: Offsets | str | None) -> dict[str, str]:
+        """The figures Spark's JVM Kafka source reports for a batch ending at
+        ``latest_consumed`` (``min/avg/maxOffsetsBehindLatest``), and the gate's:
+        ``recordsHeldBackByGate`` (records between the batch's end and the log end that the
+        gate had not released) and ``watermarkSnapshotAgeMs`` (the age of the watermarks the
+        batch was planned with). Strings, as Spark wants them; empty before a batch is planned.
+        Spark 4.3 does not call this for a Python source (see docs/spark.md, "Progress")."""
+        if self._latest is None or latest_consumed is None:
+            return {}
+        end = json.loads(latest_consumed) if isinstance(latest_consumed, str) else latest_consumed
+        figures = offsets_behind_latest(end, self._latest)
+        held = held_back_by_gate(end, self._released, self._latest) if self.settings.gated else 0
+        figures["recordsHeldBackByGate"] = str(held)
+        if self._snapshot_age is not None:
+            figures["watermarkSnapshotAgeMs"] = str(round(self._snapshot_age * 1000))
+        return figures
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         return ranges(start, end, self.settings.max_per_task, self.settings.min_partitions)
