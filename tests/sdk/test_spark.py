@@ -1,4 +1,6 @@
-"""The gated Kafka source on a local SparkSession (local[2]) and the real broker."""
+"""The gated Kafka source on a local SparkSession and the real broker: the tests that read
+through Spark run on ``local[2]`` (one JVM) and on ``local-cluster[2,1,1024]`` (two executor
+JVMs with Python workers of their own, as on a cluster)."""
 
 from __future__ import annotations
 
@@ -28,11 +30,47 @@ from tests.support import (  # noqa: E402
     wait_until,
 )
 
+LOCAL = "local[2]"
+CLUSTER = "local-cluster[2,1,1024]"
+# A local cluster starts in ~25 s on an idle 2-core machine; loaded by other work, it took up
+# to 4 minutes: its start gets a deadline, and a test on it a longer timeout than the others.
+CLUSTER_START_SECONDS = 240
+on_cluster = pytest.param(CLUSTER, marks=pytest.mark.timeout(CLUSTER_START_SECONDS + 360))
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    session = local_session("gated-kafka-tests")
+# Tests whose Spark part is planning on the driver (option checks, errors, waiting for the gate)
+# gain nothing from executors in other processes: they run on local[2] only.
+local_only = pytest.mark.parametrize("spark", [LOCAL], indirect=True)
+
+
+def spark_session(master: str) -> object:
+    """A session on ``master`` with the source registered; on a local cluster, once both
+    executors have registered (skips the test when Spark cannot start them in time)."""
+    if not master.startswith("local-cluster"):
+        session = local_session("gated-kafka-tests", master=master)
+        session.sparkContext.setLogLevel("ERROR")
+        return session
+    deadline = time.monotonic() + CLUSTER_START_SECONDS
+    try:
+        session = local_session("gated-kafka-tests", master=master)
+    except Exception as exc:
+        pytest.skip(f"Spark cannot start {master}: {exc}")
     session.sparkContext.setLogLevel("ERROR")
+    # the driver and two executors
+    while session.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 3:
+        if time.monotonic() > deadline:
+            session.stop()
+            pytest.skip(
+                f"Spark did not start the executors of {master} in {CLUSTER_START_SECONDS} s"
+            )
+        time.sleep(0.5)
+    return session
+
+
+@pytest.fixture(scope="module", params=[LOCAL, on_cluster])
+def spark(request: pytest.FixtureRequest) -> Iterator[object]:
+    """One session per master for the module (one SparkContext per process: each is stopped
+    before the next starts)."""
+    session = spark_session(request.param)
     yield session
     session.stop()
 
@@ -155,6 +193,45 @@ def test_restart_from_the_checkpoint_writes_each_record_exactly_once(
     assert sorted(records) == [(p, o) for p in range(2) for o in range(60)]
 
 
+def test_a_partition_added_while_the_query_runs_is_read_from_its_start(spark, kafka: Kafka) -> None:
+    from confluent_kafka.admin import NewPartitions
+
+    if not kafka.broker.adds_partitions:
+        pytest.skip(f"{kafka.broker.name} cannot add partitions to a topic")
+    topic = kafka.create_topic(1)
+    dependency = unique("dep")
+    kafka.produce(topic, {0: 10})
+    kafka.commit(dependency, topic, {0: 10})
+    seen: list[tuple[int, int]] = []
+
+    def each(frame, _: int) -> None:  # type: ignore[no-untyped-def]
+        seen.extend((r.partition, r.offset) for r in frame.select("partition", "offset").collect())
+
+    stream = reader(
+        spark,
+        kafka,
+        topic,
+        **{"gate.name": "job", "gate.dependsOn": dependency, "gate.pollIntervalMs": "50"},
+    )
+    query = (
+        stream.writeStream.foreachBatch(each)
+        .option("checkpointLocation", tempfile.mkdtemp())
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(seen) >= 10, timeout=120, what="the first partition")
+        for future in kafka.admin.create_partitions([NewPartitions(topic, 2)]).values():
+            future.result(10)
+        kafka.produce(topic, {1: 20})
+        kafka.commit(dependency, topic, {0: 10, 1: 15})
+        wait_until(lambda: len(seen) >= 25, timeout=120, what="the added partition")
+        time.sleep(1.5)  # more batches meanwhile: none may pass the watermark of the new partition
+    finally:
+        query.stop()
+    assert sorted(seen) == [(0, o) for o in range(10)] + [(1, o) for o in range(15)]
+
+
 def test_rows_follow_the_kafka_source_schema(spark, kafka: Kafka) -> None:
     topic = kafka.create_topic(1)
     producer = kafka.producer()
@@ -198,6 +275,7 @@ def read_json(path: Path) -> list[tuple[int, int]]:
     return records
 
 
+@local_only
 def test_an_unreachable_watermark_source_gives_empty_batches_then_resumes(
     spark, kafka: Kafka
 ) -> None:
@@ -231,6 +309,7 @@ def test_an_unreachable_watermark_source_gives_empty_batches_then_resumes(
     assert sorted(seen) == list(range(30))
 
 
+@local_only
 @pytest.mark.parametrize(
     "options, fragment",
     [
@@ -278,6 +357,7 @@ def test_invalid_options_fail_when_the_query_starts(
             query.stop()
 
 
+@local_only
 def test_a_deleted_topic_stops_the_query_with_a_clear_error(spark, kafka: Kafka) -> None:
     topic = kafka.create_topic(1)
     kafka.produce(topic, {0: 5})
