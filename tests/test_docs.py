@@ -177,6 +177,7 @@ def _assert_stopped_cleanly(where: str, run: Run, code: int, stderr: str) -> Non
     assert len(stderr.splitlines()) <= 2, f"{where} said on stopping:\n{stderr[-3000:]}"
 
 
+@pytest.mark.timeout(900)  # a Spark snippet on a loaded 2-core machine (see below)
 @pytest.mark.parametrize(("where", "code"), snippets(), ids=[w for w, _ in snippets()])
 def test_the_snippet_runs_as_written(
     demo: dict[str, str], where: str, code: str, tmp_path: Path
