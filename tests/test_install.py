@@ -119,7 +119,7 @@ def _blocker(modules: list[str]) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("missing", ["pyspark", "pyarrow"])
+@pytest.mark.parametrize("missing", ["pyspark", "pyarrow", "numpy"])
 def test_sdk_spark_without_its_extra_says_which_extra_in_one_line(missing: str) -> None:
     code = "import sdk.spark"
     catch = f"try:\n    {code}\nexcept ImportError as e:\n    print(type(e).__name__, e.name, e)"

@@ -88,6 +88,7 @@ depend on the Spark job like on any consumer group.
 from __future__ import annotations
 
 try:
+    import numpy  # noqa: F401
     import pyarrow  # noqa: F401
     import pyspark.sql.datasource  # noqa: F401
 except ImportError as missing:
