@@ -23,8 +23,9 @@ Options (those of Spark's JVM Kafka source where they fit; docs/spark.md compare
 =====================================  =====================================================
 ``subscribe`` (or ``topic``)           topics, comma-separated; exactly one of ``subscribe``,
                                        ``subscribePattern`` and ``assign``
-``subscribePattern``                   a regular expression over topic names, matched each
-                                       time a batch is planned (new topics join at earliest)
+``subscribePattern``                   a regular expression over topic names, matched
+                                       against the topics listed (at most every 5 s) when a
+                                       batch is planned (new topics join at earliest)
 ``assign``                             JSON such as ``{"payments": [0, 2]}``
 ``kafka.<property>``                   any librdkafka property (``kafka.bootstrap.servers``
                                        required), consumer properties included: the

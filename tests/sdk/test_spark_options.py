@@ -15,6 +15,7 @@ pyspark = pytest.importorskip("pyspark")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable  # noqa: E402
 
+import sdk.spark._stream as stream_module  # noqa: E402
 from sdk.spark import SourceOptionError, local_session  # noqa: E402
 from sdk.spark._batch import GatedKafkaBatchReader  # noqa: E402
 from sdk.spark._bounds import at_times, ending, wanted_times  # noqa: E402
@@ -165,8 +166,10 @@ def test_a_batch_ends_at_most_at_the_end_the_watermark_and_the_given_end(
 
 
 def test_subscribe_pattern_reads_matching_topics_and_one_created_later_joins(
-    kafka: Kafka,
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A stream reader lists the topics at most every few seconds: here at every batch.
+    monkeypatch.setattr(stream_module, "METADATA_REFRESH_SECONDS", 0.0)
     prefix = unique("pat").replace("-", "_")
     first, second = kafka.create_topic(2, f"{prefix}_a"), kafka.create_topic(1, f"{prefix}_b")
     other = kafka.create_topic(1, f"x{prefix}_c")  # contains the prefix: a full match only
@@ -192,8 +195,10 @@ def test_subscribe_pattern_reads_matching_topics_and_one_created_later_joins(
 
 
 def test_subscribe_pattern_with_polled_dependencies_gates_a_topic_created_later(
-    kafka: Kafka,
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A stream reader lists the topics at most every few seconds: here at every batch.
+    monkeypatch.setattr(stream_module, "METADATA_REFRESH_SECONDS", 0.0)
     prefix = unique("gpat").replace("-", "_")
     first = kafka.create_topic(1, f"{prefix}_a")
     kafka.produce(first, {0: 10})
