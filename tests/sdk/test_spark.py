@@ -86,6 +86,22 @@ def reader(spark, kafka: Kafka, topic: str, **options: str):  # type: ignore[no-
     return stream.load()
 
 
+def gated_query(spark, kafka: Kafka, topic: str, dependency: str, each):  # type: ignore[no-untyped-def]
+    """A query gated on ``dependency`` (polled every 50 ms) handing each batch to ``each``."""
+    stream = reader(
+        spark,
+        kafka,
+        topic,
+        **{"gate.name": "job", "gate.dependsOn": dependency, "gate.pollIntervalMs": "50"},
+    )
+    return (
+        stream.writeStream.foreachBatch(each)
+        .option("checkpointLocation", tempfile.mkdtemp())
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+
+
 def test_batches_never_pass_the_dependencies_and_the_job_commits(spark, kafka: Kafka) -> None:
     topic = kafka.create_topic(2)
     dependency, job = unique("dep"), unique("spark-job")
@@ -101,18 +117,7 @@ def test_batches_never_pass_the_dependencies_and_the_job_commits(spark, kafka: K
 
     committer = ProgressCommitter({"bootstrap.servers": kafka.bootstrap}, job)
     spark.streams.addListener(committer)
-    stream = reader(
-        spark,
-        kafka,
-        topic,
-        **{"gate.name": "job", "gate.dependsOn": dependency, "gate.pollIntervalMs": "50"},
-    )
-    query = (
-        stream.writeStream.foreachBatch(each)
-        .option("checkpointLocation", tempfile.mkdtemp())
-        .trigger(processingTime="300 milliseconds")
-        .start()
-    )
+    query = gated_query(spark, kafka, topic, dependency, each)
 
     def read_so_far() -> int:
         return sum(len(rows) for _, rows in batches)
@@ -207,18 +212,7 @@ def test_a_partition_added_while_the_query_runs_is_read_from_its_start(spark, ka
     def each(frame, _: int) -> None:  # type: ignore[no-untyped-def]
         seen.extend((r.partition, r.offset) for r in frame.select("partition", "offset").collect())
 
-    stream = reader(
-        spark,
-        kafka,
-        topic,
-        **{"gate.name": "job", "gate.dependsOn": dependency, "gate.pollIntervalMs": "50"},
-    )
-    query = (
-        stream.writeStream.foreachBatch(each)
-        .option("checkpointLocation", tempfile.mkdtemp())
-        .trigger(processingTime="300 milliseconds")
-        .start()
-    )
+    query = gated_query(spark, kafka, topic, dependency, each)
     try:
         wait_until(lambda: len(seen) >= 10, timeout=120, what="the first partition")
         for future in kafka.admin.create_partitions([NewPartitions(topic, 2)]).values():

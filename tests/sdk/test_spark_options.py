@@ -16,11 +16,12 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql.streaming.datasource import ReadAllAvailable  # noqa: E402
 
 import sdk.spark._stream as stream_module  # noqa: E402
-from sdk.spark import SourceOptionError, local_session  # noqa: E402
+from sdk.spark import SourceOptionError  # noqa: E402
 from sdk.spark._batch import GatedKafkaBatchReader  # noqa: E402
 from sdk.spark._bounds import at_times, ending, wanted_times  # noqa: E402
 from sdk.spark._settings import Settings  # noqa: E402
 from sdk.spark._stream import GatedKafkaStreamReader  # noqa: E402
+from tests.sdk.test_spark import LOCAL, spark_session  # noqa: E402
 from tests.support import Kafka, unique  # noqa: E402
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:1", "gate.enabled": "false"}
@@ -28,8 +29,7 @@ BASE = {"kafka.bootstrap.servers": "127.0.0.1:1", "gate.enabled": "false"}
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[object]:
-    session = local_session("gated-kafka-options-tests")
-    session.sparkContext.setLogLevel("ERROR")
+    session = spark_session(LOCAL)
     yield session
     session.stop()
 

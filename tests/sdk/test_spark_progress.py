@@ -12,22 +12,16 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from sdk.spark import GatedKafkaStreamReader, local_session, source_metrics  # noqa: E402
+from sdk.spark import source_metrics  # noqa: E402
+from tests.sdk.test_spark import LOCAL, planner, spark_session  # noqa: E402
 from tests.support import Kafka, unique  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = local_session("gated-kafka-progress-tests")
-    session.sparkContext.setLogLevel("ERROR")
+    session = spark_session(LOCAL)
     yield session
     session.stop()
-
-
-def planner(kafka: Kafka, topic: str, **options: str) -> GatedKafkaStreamReader:
-    """The source's reader on the driver, without a query."""
-    given = {"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": topic, **options}
-    return GatedKafkaStreamReader(given, headers=False)
 
 
 def all_available() -> Any:
