@@ -114,7 +114,14 @@ class PrebuiltSource(DataSource):
 
 def plain_loop(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "plain-loop", "enable.auto.commit": False}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "plain-loop",
+            "enable.auto.commit": False,
+            # as the source's readers: noida-db answers a fetch with all it holds from the
+            # offset asked, beyond fetch.max.bytes (see tests/sdk/test_spark_read.py)
+            "receive.message.max.bytes": 2_147_483_647,
+        }
     )
     started, cpu = time.perf_counter(), time.process_time()
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])

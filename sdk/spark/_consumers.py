@@ -28,16 +28,28 @@ KEPT_PER_CONFIGURATION = 4  # most idle consumers kept for one configuration
 # partition), which read far past the end of a small range.
 FEWEST_QUEUED, MOST_QUEUED = 1_024, 131_072
 FETCH_BYTES_PER_RECORD = 1_024
+# Never above librdkafka's defaults (50 MiB per fetch, 64 MiB queued per partition).
+MOST_FETCH_BYTES = 52_428_800
+MOST_QUEUED_KBYTES = 65_536
+# A response larger than ``receive.message.max.bytes`` (100 MB by default) is refused by the
+# client and fetched again forever. Some brokers (noida-db) answer a fetch with everything
+# the partition holds from the offset asked, whatever ``fetch.max.bytes`` says: the limit
+# is raised to librdkafka's largest so a large range is still read.
+MOST_RESPONSE_BYTES = 2_147_483_647
 
 
 def fetch_limits(records: int) -> dict[str, str]:
     """Prefetch limits for a range of ``records`` offsets: rounded up to a power of two (so
     ranges of similar sizes share a configuration, and a cached consumer) and clamped."""
     queued = min(MOST_QUEUED, max(FEWEST_QUEUED, 1 << max(0, records - 1).bit_length()))
+    fetch = min(MOST_FETCH_BYTES, max(1 << 20, queued * FETCH_BYTES_PER_RECORD))
     return {
         "queued.min.messages": str(queued),
-        "queued.max.messages.kbytes": str(queued * FETCH_BYTES_PER_RECORD // 1024),
-        "fetch.max.bytes": str(max(1 << 20, queued * FETCH_BYTES_PER_RECORD)),
+        "queued.max.messages.kbytes": str(
+            min(MOST_QUEUED_KBYTES, queued * FETCH_BYTES_PER_RECORD // 1024)
+        ),
+        "fetch.max.bytes": str(fetch),
+        "receive.message.max.bytes": str(MOST_RESPONSE_BYTES),
     }
 
 

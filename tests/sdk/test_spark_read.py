@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -220,7 +221,20 @@ def test_prefetch_follows_the_range_and_the_users_settings_win() -> None:
         "fetch.max.bytes": "1000",
         "queued.max.messages.kbytes": "7",
     }
-    assert sized(user, 10_000) == user
+    assert sized(user, 10_000).items() >= user.items()
+
+
+@given(st.integers(min_value=0, max_value=10**10))
+def test_prefetch_limits_stay_within_what_librdkafka_accepts(records: int) -> None:
+    """A response above ``receive.message.max.bytes`` is refused by the client and fetched
+    again forever: a task reading a large range would never end."""
+    from sdk.spark._consumers import fetch_limits
+
+    limits = fetch_limits(records)
+    assert 1 << 20 <= int(limits["fetch.max.bytes"]) <= 52_428_800  # librdkafka's default
+    assert int(limits["receive.message.max.bytes"]) == 2_147_483_647  # its largest
+    assert int(limits["queued.max.messages.kbytes"]) <= 65_536  # librdkafka's default
+    assert int(limits["queued.min.messages"]) <= 131_072
 
 
 def test_record_batches_match_the_records_row_by_row(kafka: Kafka) -> None:
@@ -277,3 +291,43 @@ def test_the_executor_side_does_not_import_the_engine() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_broker_still_answers_a_fetch_with_more_than_fetch_max_bytes(kafka: Kafka) -> None:
+    """Why the reader raises ``receive.message.max.bytes`` to its largest: Tansu and noida-db
+    answer a fetch with more than ``fetch.max.bytes`` (noida-db: everything from the offset
+    asked), which librdkafka refuses above ``receive.message.max.bytes`` and fetches again
+    forever. When this fails, the broker keeps to the limit as Kafka does."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = kafka.create_topic(1)
+    producer = kafka.producer(**{"linger.ms": 50, "batch.num.messages": 10_000})
+    for i in range(30_000):
+        producer.produce(topic, b"x" * 100, partition=0)
+        if i % 5_000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    refused: list[str] = []
+
+    class Log:
+        def log(self, level: int, fmt: str, *args: object) -> None:
+            refused.extend(str(a) for a in args if "Invalid response size" in str(a))
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": unique("quirk"),
+            "fetch.max.bytes": 1 << 20,
+            "max.partition.fetch.bytes": 1 << 20,
+            "receive.message.max.bytes": (1 << 20) + 512,
+            "logger": Log(),
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 10
+        while not refused and time.monotonic() < deadline:
+            consumer.consume(1_000, 0.5)
+    finally:
+        consumer.close()
+    assert refused, f"{kafka.broker.name} kept each answer within fetch.max.bytes"
