@@ -55,6 +55,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.produce_bench
 	$(BIN)/python -m bench.gating_bench
 	$(BIN)/python -m bench.spark_bench
+	$(BIN)/python -m bench.spark_small_batches
 
 # The three-service scenario on real processes for SOAK_SECONDS (default 600), on each broker.
 SOAK_SECONDS ?= 600
