@@ -6,18 +6,54 @@ groups. The pure computation lives in :func:`compute_watermarks`; :class:`GateSe
 Kafka's admin API and publishes :class:`Snapshot` objects over HTTP and Redis.
 """
 
-from gate._config import ConfigError, GateConfig, GateSpec, load_config, parse_config
-from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
-from gate._service import GateService, StartupError
-from gate._state import DependencyStatus, GateState, PollResult, Verdict
-from gate._status import GateEvaluator, StatusPolicy
-from gate._watermark import (
-    Partition,
-    Snapshot,
-    SnapshotError,
-    compute_watermarks,
-    is_released,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The public names, imported on first use: the poller's child process and the Spark source's
+# executors import what they need of the gate without the HTTP service (FastAPI, Redis).
+_WHERE = {
+    "ConfigError": "gate._config",
+    "GateConfig": "gate._config",
+    "GateSpec": "gate._config",
+    "load_config": "gate._config",
+    "parse_config": "gate._config",
+    "snapshot_from_hash": "gate._redis",
+    "updates_channel": "gate._redis",
+    "watermarks_key": "gate._redis",
+    "GateService": "gate._service",
+    "StartupError": "gate._service",
+    "DependencyStatus": "gate._state",
+    "GateState": "gate._state",
+    "PollResult": "gate._state",
+    "Verdict": "gate._state",
+    "GateEvaluator": "gate._status",
+    "StatusPolicy": "gate._status",
+    "Partition": "gate._watermark",
+    "Snapshot": "gate._watermark",
+    "SnapshotError": "gate._watermark",
+    "compute_watermarks": "gate._watermark",
+    "is_released": "gate._watermark",
+}
+
+if TYPE_CHECKING:
+    from gate._config import ConfigError, GateConfig, GateSpec, load_config, parse_config
+    from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
+    from gate._service import GateService, StartupError
+    from gate._state import DependencyStatus, GateState, PollResult, Verdict
+    from gate._status import GateEvaluator, StatusPolicy
+    from gate._watermark import Partition, Snapshot, SnapshotError, compute_watermarks, is_released
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'gate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ConfigError",

@@ -261,17 +261,22 @@ def test_record_batches_match_the_records_row_by_row(kafka: Kafka) -> None:
 
 def test_the_executor_side_does_not_import_the_engine() -> None:
     """What an executor unpickles to read (the stream reader's module) leaves the parallel
-    consumer engine unloaded, and every public name of ``sdk`` is still importable."""
+    consumer engine and the gate's HTTP service unloaded, and every public name of ``sdk``
+    and ``gate`` is still importable."""
     import subprocess
     import sys
 
     code = (
         "import sys, sdk.spark._stream\n"
         "assert 'sdk._engine' not in sys.modules, 'engine imported'\n"
-        "import sdk\n"
+        "assert 'gate._service' not in sys.modules, 'gate service imported'\n"
+        "assert 'redis' not in sys.modules, 'redis imported'\n"
+        "import sdk, gate\n"
         "for name in sdk.__all__:\n"
         "    exec(f'from sdk import {name}')\n"
-        "assert 'sdk._engine' in sys.modules\n"
+        "for name in gate.__all__:\n"
+        "    exec(f'from gate import {name}')\n"
+        "assert 'sdk._engine' in sys.modules and 'gate._service' in sys.modules\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
