@@ -192,7 +192,7 @@ class _Track:
         return start is not None and latest.low > start.high
 
 
-SHIFT_TOLERANCE = 0.001
+SHIFT_TOLERANCE = 0.01
 """Seconds the offset between the wall and monotonic clocks may drift from the one used so
 far before it is taken anew (and everything evaluated afresh): times handed out are on the
 poll's wall clock to within this."""
