@@ -261,6 +261,7 @@ class IsolatedPoller:
         return list(self._topics)
 
     def _start(self) -> None:
+        self._received: dict[str, dict[Partition, int]] = {}
         self._process = subprocess.Popen(
             [sys.executable, "-m", "gate._pollproc"],
             stdin=subprocess.PIPE,
@@ -292,6 +293,14 @@ class IsolatedPoller:
             return self._crashed(started_at, started, exc)
         if isinstance(result, BaseException):
             raise result
+        result, same = result
+        # The child sends the groups whose offsets changed since its last answer; the others
+        # are the very mappings received before (one child's answers: a new child sends all).
+        received = self._received
+        received.update(result.committed)
+        committed = {g: received[g] for g in same}
+        committed.update(result.committed)
+        result = dataclasses.replace(result, committed=committed)
         finished_at = started_at + max(0.0, result.finished_at - result.started_at)
         return dataclasses.replace(
             result, started_at=started_at, finished_at=finished_at, monotonic=started
