@@ -1,34 +1,51 @@
-"""Gate benchmarks.
+"""Gate benchmarks, on noida-db (``--broker tansu`` for Tansu).
 
-1. ``GET /ready`` under concurrent load (wrk) next to a trivial FastAPI endpoint served by the
-   same uvicorn process in the same run: requests per second, p99 latency, and their ratio
-   (target: /ready reaches at least 0.8 of the trivial endpoint's throughput).
-2. One poll cycle (admin calls for every group plus evaluation) for 200 dependency groups x
-   64 partitions against the local broker (target: at most 100 ms).
+1. **http**: ``GET /ready`` under concurrent load (wrk) next to a trivial FastAPI endpoint
+   served by the same uvicorn process in the same run: requests per second, p99 latency, and
+   their ratio (target: /ready reaches at least 0.8 of the trivial endpoint's throughput).
+2. **evaluation**: the evaluation alone on polls built in memory, for 50, 200 and
+   ``--groups`` dependency groups x 64 partitions: cost per group-partition when nothing
+   moves, when a tenth of the groups is behind, and when records arrive everywhere (targets
+   at 1,000 groups: p50 <= 50 ms when nothing moves, cost per group-partition within 1.2x of
+   that at 50 groups).
+3. **poll**: whole poll cycles (the poller's admin calls, then the evaluation) for
+   ``--groups`` groups x 64 partitions, interleaved with the bare admin calls any poller must
+   make (targets: p50 within 1.2x of the bare calls; <= 100 ms at 200 groups, <= 500 ms at
+   1,000).
+4. **ready**: ``/ready`` p99 under load from a service that also polls and evaluates a gate
+   of ``--groups`` groups every second, against one serving the small gate alone (target:
+   within 1.2x).
 
-Run: ``make bench`` or ``python -m bench.gate_bench [--quick]``.
+Run: ``make bench`` or ``python -m bench.gate_bench [--quick] [--groups N] [--broker noida|tansu]
+[--only http|evaluation|poll|ready]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from rich.progress import track
 
 from bench._report import console, summary_ms, table, write
-from gate import GateEvaluator
-from gate._local import LocalBroker, free_port
+from gate import GateEvaluator, PollResult
+from gate._local import LocalBroker, LocalNoida, free_port
 from gate._poller import OffsetPoller
 
 
@@ -66,48 +83,69 @@ def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:
     }
 
 
-def http_bench(bootstrap: str, seconds: int, rounds: int) -> dict:
-    topic = "bench-http"
-    create_topic(bootstrap, topic, 12)
-    for group in ("dep-b", "dep-c"):
-        commit(bootstrap, group, topic, {p: 1000 for p in range(12)})
+@contextmanager
+def gate_server(bootstrap: str, gates: dict[str, tuple[str, list[str]]]) -> Iterator[str]:
+    """``gate serve`` (plus a trivial endpoint) in its own process for ``gates`` (name: topic,
+    dependency groups); yields its base URL once it answers."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gate.yaml"
         config.write_text(
-            f"kafka: {{bootstrap.servers: '{bootstrap}'}}\npoll_interval_ms: 1000\n"
-            f"gates: {{a: {{topics: [{topic}], depends_on: [dep-b, dep-c]}}}}\n"
-            # One load generator on one address: a limit it never reaches, still enforced.
-            "http: {rate_limit_per_s: 1000000}\n"
+            json.dumps(
+                {
+                    "kafka": {"bootstrap.servers": bootstrap},
+                    "poll_interval_ms": 1000,
+                    "gates": {
+                        name: {"topics": [topic], "depends_on": groups}
+                        for name, (topic, groups) in gates.items()
+                    },
+                    # One load generator on one address: a limit it never reaches, enforced.
+                    "http": {"rate_limit_per_s": 1000000},
+                }
+            )
         )
         server = subprocess.Popen(
             [sys.executable, "-m", "bench._gate_server", str(config), str(port)]
         )
         try:
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120
             while True:
                 try:
                     if httpx.get(f"{base}/watermarks/a", timeout=1).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or server.poll() is not None:
                     raise SystemExit("the benchmark server did not come up")
                 time.sleep(0.1)
-            urls = {
-                "trivial": f"{base}/bench/trivial",
-                "/ready (released)": f"{base}/ready?gate=a&topic={topic}&partition=3&offset=500",
-                "/ready (held, 425)": f"{base}/ready?gate=a&topic={topic}&partition=3&offset=5000",
-            }
-            wrk(urls["trivial"], 2, 32)  # warm up
-            results: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
-            for _ in track(range(rounds), description="wrk rounds", console=console):
-                for name, url in urls.items():  # interleaved, so drift hits all alike
-                    results[name].append(wrk(url, seconds, 32))
+            yield base
         finally:
             server.terminate()
             server.wait(10)
+
+
+def small_gate(bootstrap: str) -> tuple[str, list[str]]:
+    topic = "bench-http"
+    create_topic(bootstrap, topic, 12)
+    for group in ("dep-b", "dep-c"):
+        commit(bootstrap, group, topic, {p: 1000 for p in range(12)})
+    return topic, ["dep-b", "dep-c"]
+
+
+def http_bench(bootstrap: str, seconds: int, rounds: int) -> dict:
+    topic, groups = small_gate(bootstrap)
+    with gate_server(bootstrap, {"a": (topic, groups)}) as base:
+        urls = {
+            "trivial": f"{base}/bench/trivial",
+            "/ready (released)": f"{base}/ready?gate=a&topic={topic}&partition=3&offset=500",
+            "/ready (held, 425)": f"{base}/ready?gate=a&topic={topic}&partition=3&offset=5000",
+        }
+        wrk(urls["trivial"], 2, 32)  # warm up
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
+        for _ in track(range(rounds), description="wrk rounds", console=console):
+            for name, url in urls.items():  # interleaved, so drift hits all alike
+                results[name].append(wrk(url, seconds, 32))
     best = {name: max(runs, key=lambda r: r["rps"]) for name, runs in results.items()}
     trivial = best["trivial"]["rps"]
     rows = []
@@ -127,68 +165,243 @@ def http_bench(bootstrap: str, seconds: int, rounds: int) -> dict:
     }
 
 
+def ready_under_cycles(
+    bootstrap: str, fleet: tuple[str, list[str]], seconds: int, rounds: int
+) -> dict:
+    """``/ready`` under load from a gate service that also polls and evaluates a gate of
+    ``fleet``'s groups every second, against one that serves the same small gate alone: both
+    run at once, measured in interleaved rounds."""
+    small = small_gate(bootstrap)
+    query = f"/ready?gate=a&topic={small[0]}&partition=3&offset=500"
+    with (
+        gate_server(bootstrap, {"a": small}) as alone,
+        gate_server(bootstrap, {"a": small, "fleet": fleet}) as busy,
+    ):
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{busy}/watermarks/fleet", timeout=5).status_code != 200:
+            if time.monotonic() > deadline:
+                raise SystemExit("the fleet gate had no snapshot after 120 s")
+            time.sleep(0.5)
+        urls = {"no cycles": alone + query, f"{len(fleet[1])}-group cycles": busy + query}
+        wrk(urls["no cycles"], 2, 32)  # warm up
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
+        for _ in track(range(rounds), description="wrk rounds", console=console):
+            for name, url in urls.items():
+                results[name].append(wrk(url, seconds, 32))
+    median = {
+        name: {
+            "rps": statistics.median(r["rps"] for r in runs),
+            "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+        }
+        for name, runs in results.items()
+    }
+    calm, loaded = median.values()
+    ratio = loaded["p99_ms"] / calm["p99_ms"]
+    table(
+        f"/ready while the same process polls {len(fleet[1])} groups every second "
+        f"(wrk -t1 -c32, {seconds}s x {rounds} rounds, medians)",
+        ["server", "requests/s", "p99 ms"],
+        [[name, r["rps"], r["p99_ms"]] for name, r in median.items()],
+    )
+    console.print(f"/ready p99 with cycles / without: {ratio:.2f} (target <= 1.2)")
+    return {"servers": median, "runs": results, "p99_ratio": round(ratio, 3)}
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def poll_bench(broker: LocalBroker, groups: int, partitions: int, cycles: int) -> dict:
+def group_names(groups: int) -> list[str]:
+    return [f"dep-{i:04d}" for i in range(groups)]
+
+
+def commit_groups(bootstrap: str, topic: str, groups: int, partitions: int) -> list[str]:
+    names = group_names(groups)
+    with ThreadPoolExecutor(8) as pool:
+        done = [
+            pool.submit(commit, bootstrap, g, topic, {p: 100 + i + p for p in range(partitions)})
+            for i, g in enumerate(names)
+        ]
+        for future in track(done, description=f"committing {groups} groups", console=console):
+            future.result()
+    return names
+
+
+class BareCalls:
+    """The admin calls any poller must make, and nothing else: one offset request per group,
+    all issued at once, plus the end offsets; answers awaited, not read."""
+
+    def __init__(self, bootstrap: str, topic: str, names: list[str], partitions: int) -> None:
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        wanted = [TopicPartition(topic, p) for p in range(partitions)]
+        self.requests = [[ConsumerGroupTopicPartitions(g, wanted)] for g in names]
+        self.ends = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+
+    def __call__(self) -> None:
+        futures = [
+            f
+            for request in self.requests
+            for f in self.admin.list_consumer_group_offsets(request, request_timeout=10).values()
+        ]
+        futures += self.admin.list_offsets(self.ends, request_timeout=10).values()
+        wait(futures, timeout=11)
+        for future in futures:
+            future.result(0)
+
+
+def poll_bench(broker: LocalBroker, name: str, groups: int, partitions: int, cycles: int) -> dict:
+    """Whole poll cycles (the poller's admin calls, then the evaluation) interleaved with the
+    bare admin calls, on a topic nobody writes to (as most of a fleet's groups: caught up)."""
     bootstrap = broker.bootstrap
-    topic = "bench-poll"
+    topic = f"bench-poll-{groups}"
     create_topic(bootstrap, topic, partitions)
-    names = [f"dep-{i:03d}" for i in range(groups)]
-    for i, group in enumerate(
-        track(names, description=f"committing {groups} groups", console=console)
-    ):
-        commit(bootstrap, group, topic, {p: 100 + i + p for p in range(partitions)})
+    names = commit_groups(bootstrap, topic, groups, partitions)
     poller = OffsetPoller(
         {"bootstrap.servers": bootstrap}, {g: [topic] for g in names}, request_timeout=10
     )
+    bare = BareCalls(bootstrap, topic, names, partitions)
     evaluator = GateEvaluator("a", [topic], names)
     for _ in range(3):  # warm up (metadata, connections)
         evaluator.observe(poller.poll())
-    total, admin, evaluate = [], [], []
+        bare()
+    total, admin, evaluate, baseline, evaluated = [], [], [], [], []
     assert broker.process is not None
-    broker_cpu, own_cpu = cpu_seconds(broker.process.pid), time.process_time()
+    broker_cpu = cpu_seconds(broker.process.pid)
+    poll_cpu = evaluate_cpu = 0.0
     for _ in track(range(cycles), description="poll cycles", console=console):
         started = time.perf_counter()
+        bare()
+        baseline.append(time.perf_counter() - started)
+        cpu = time.process_time()
+        started = time.perf_counter()
         poll = poller.poll()
-        polled = time.perf_counter()
+        polled, polled_cpu = time.perf_counter(), time.process_time()
         state = evaluator.observe(poll)
         done = time.perf_counter()
+        poll_cpu += polled_cpu - cpu
+        evaluate_cpu += time.process_time() - polled_cpu
         assert not poll.errors, poll.errors
         assert len(state.partitions) == partitions
         total.append(done - started)
         admin.append(polled - started)
         evaluate.append(done - polled)
+        evaluated.append(state.evaluated)
     stats = {
         "cycle": summary_ms(total),
         "admin_calls": summary_ms(admin),
         "evaluate": summary_ms(evaluate),
+        "bare_admin_calls": summary_ms(baseline),
     }
-    broker_ms = (cpu_seconds(broker.process.pid) - broker_cpu) / cycles * 1000
-    gate_ms = (time.process_time() - own_cpu) / cycles * 1000
+    broker_ms = (cpu_seconds(broker.process.pid) - broker_cpu) / cycles / 2 * 1000
     table(
-        f"Poll cycle: {groups} groups x {partitions} partitions, {cycles} cycles",
+        f"Poll cycle on {name}: {groups} groups x {partitions} partitions, {cycles} "
+        "cycles, interleaved with the bare admin calls",
         ["part", "p50 ms", "p99 ms", "max ms"],
         [[name, s["p50_ms"], s["p99_ms"], s["max_ms"]] for name, s in stats.items()],
     )
+    ratio = stats["cycle"]["p50_ms"] / stats["bare_admin_calls"]["p50_ms"]
+    cpu = {
+        "broker_cpu_ms_per_cycle": round(broker_ms, 1),
+        "gate_poll_cpu_ms_per_cycle": round(poll_cpu / cycles * 1000, 1),
+        "gate_evaluate_cpu_ms_per_cycle": round(evaluate_cpu / cycles * 1000, 1),
+    }
     table(
         "CPU per cycle (where the time goes)",
         ["process", "CPU ms per cycle"],
         [
-            ["broker (answering the offset requests)", round(broker_ms, 1)],
-            ["gate (this process)", round(gate_ms, 1)],
+            [
+                "broker (answering the offset requests, mean of both)",
+                cpu["broker_cpu_ms_per_cycle"],
+            ],
+            ["gate: poll (incl. librdkafka threads)", cpu["gate_poll_cpu_ms_per_cycle"]],
+            ["gate: evaluation", cpu["gate_evaluate_cpu_ms_per_cycle"]],
         ],
     )
+    console.print(
+        f"whole cycle / bare admin calls (p50): {ratio:.2f}; groups evaluated again per "
+        f"cycle (median): {statistics.median(evaluated):.0f} of {groups}"
+    )
     return {
+        "broker": name,
         "groups": groups,
         "partitions": partitions,
         **stats,
-        "broker_cpu_ms_per_cycle": round(broker_ms, 1),
-        "gate_cpu_ms_per_cycle": round(gate_ms, 1),
-        "target_p99_ms": 100,
+        **cpu,
+        "cycle_vs_bare": round(ratio, 3),
+        "groups_evaluated_median": statistics.median(evaluated),
     }
+
+
+def synthetic_poll(
+    at: float, names: list[str], partitions: int, end: int, behind: int
+) -> PollResult:
+    """Every group at the end of every partition but every ``behind``-th, 50 records short."""
+    return PollResult(
+        started_at=at,
+        finished_at=at,
+        partition_counts={"t": partitions},
+        end_offsets={("t", p): end for p in range(partitions)},
+        committed={
+            g: {
+                ("t", p): end - (50 if behind and i % behind == 0 else 0) for p in range(partitions)
+            }
+            for i, g in enumerate(names)
+        },
+        monotonic=at,
+    )
+
+
+EVALUATION_SCENARIOS = {
+    # name: (records arriving per cycle, every how many groups one is behind; 0: none)
+    "caught up, nothing moves": (0, 0),
+    "a tenth of the groups behind": (0, 10),
+    "records arrive on every partition": (10, 0),
+}
+
+
+def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
+    """The evaluation alone, on polls built in memory: its cost per group-partition by fleet
+    size when nothing moves (caught-up groups are not evaluated again), when a tenth of the
+    groups is behind (those are, at every poll: their status can change with time alone), and
+    when records arrive on every partition at every poll (every group is evaluated again)."""
+    results: dict[str, dict[str, Any]] = {}
+    rows = []
+    for scenario, (arriving, behind) in EVALUATION_SCENARIOS.items():
+        by_size: dict[str, Any] = {}
+        for groups in sizes:
+            names = group_names(groups)
+            evaluator = GateEvaluator("a", ["t"], names)
+            polls = [
+                synthetic_poll(1000.0 + step, names, partitions, 100 + step * arriving, behind)
+                for step in range(cycles + 3)
+            ]
+            times = []
+            for i, poll in enumerate(polls):
+                started = time.perf_counter()
+                evaluator.observe(poll)
+                if i >= 3:  # the first polls evaluate everything
+                    times.append(time.perf_counter() - started)
+            p50 = statistics.median(times)
+            per = p50 / (groups * partitions) * 1e6
+            by_size[str(groups)] = {"p50_ms": round(p50 * 1000, 3), "us_per_group_partition": per}
+            rows.append([scenario, groups, p50 * 1000, per])
+        small, large = by_size[str(sizes[0])], by_size[str(sizes[-1])]
+        by_size["linearity"] = round(
+            large["us_per_group_partition"] / small["us_per_group_partition"], 3
+        )
+        results[scenario] = by_size
+    table(
+        f"Evaluation alone ({partitions} partitions, median of {cycles} polls built in memory)",
+        ["scenario", "groups", "p50 ms", "µs per group-partition"],
+        rows,
+    )
+    table(
+        f"Linearity: cost per group-partition at {sizes[-1]} groups / at {sizes[0]} (target <= 1.2)",
+        ["scenario", "ratio"],
+        [[name, r["linearity"]] for name, r in results.items()],
+    )
+    return results
 
 
 def main() -> None:
@@ -196,25 +409,67 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="shorter runs")
-    parser.add_argument("--only", choices=["http", "poll"], help="run one benchmark")
+    parser.add_argument(
+        "--only", choices=["http", "poll", "evaluation", "ready"], help="run one benchmark"
+    )
+    parser.add_argument("--groups", type=int, default=200, help="dependency groups (200)")
+    parser.add_argument("--broker", choices=["noida", "tansu"], default="noida")
     args = parser.parse_args()
-    if args.only != "poll" and shutil.which("wrk") is None:
-        raise SystemExit("the HTTP benchmark needs wrk (Debian/Ubuntu: apt-get install wrk)")
-    results: dict = {}
+    wanted = {args.only} if args.only else {"http", "poll", "evaluation", "ready"}
+    if wanted & {"http", "ready"} and shutil.which("wrk") is None:
+        raise SystemExit("the HTTP benchmarks need wrk (Debian/Ubuntu: apt-get install wrk)")
+    results: dict = {"broker": args.broker, "groups": args.groups}
     verdict = []
-    with LocalBroker() as broker:
-        if args.only != "poll":
-            http = results["http"] = http_bench(
-                broker.bootstrap, seconds=3 if args.quick else 8, rounds=2 if args.quick else 3
-            )
-            verdict += [
-                ("/ready released >= 0.8 x trivial", http["ratio_ready_released"] >= 0.8),
-                ("/ready held >= 0.8 x trivial", http["ratio_ready_held"] >= 0.8),
-            ]
-        if args.only != "http":
-            poll = results["poll"] = poll_bench(broker, 200, 64, cycles=20 if args.quick else 100)
-            verdict.append(("poll cycle p99 <= 100 ms", poll["cycle"]["p99_ms"] <= 100))
-    write("gate" if not args.only else f"gate-{args.only}", results)
+    seconds, rounds = (3, 2) if args.quick else (8, 3)
+    if "evaluation" in wanted:
+        sizes = sorted({50, 200, args.groups})
+        evaluation = results["evaluation"] = evaluation_bench(sizes, 64, 10 if args.quick else 30)
+        quiet = evaluation["caught up, nothing moves"]
+        verdict += [
+            (
+                f"evaluation p50 <= 50 ms at {args.groups} groups (nothing moves)",
+                quiet[str(args.groups)]["p50_ms"] <= 50,
+            ),
+            ("evaluation linear (nothing moves): ratio <= 1.2", quiet["linearity"] <= 1.2),
+        ]
+    broker_class = LocalNoida if args.broker == "noida" else LocalBroker
+    if wanted - {"evaluation"}:
+        with broker_class() as broker:
+            if "http" in wanted:
+                http = results["http"] = http_bench(broker.bootstrap, seconds, rounds)
+                verdict += [
+                    ("/ready released >= 0.8 x trivial", http["ratio_ready_released"] >= 0.8),
+                    ("/ready held >= 0.8 x trivial", http["ratio_ready_held"] >= 0.8),
+                ]
+            if "poll" in wanted:
+                poll = results["poll"] = poll_bench(
+                    broker, args.broker, args.groups, 64, cycles=20 if args.quick else 100
+                )
+                verdict.append(
+                    (
+                        "whole cycle within 1.2x of the bare admin calls",
+                        poll["cycle_vs_bare"] <= 1.2,
+                    )
+                )
+                budget = 100 if args.groups <= 200 else 500
+                verdict.append(
+                    (f"whole cycle p50 <= {budget} ms", poll["cycle"]["p50_ms"] <= budget)
+                )
+            if "ready" in wanted:
+                topic = f"bench-poll-{args.groups}"
+                if "poll" not in wanted:
+                    create_topic(broker.bootstrap, topic, 64)
+                    commit_groups(broker.bootstrap, topic, args.groups, 64)
+                ready = results["ready"] = ready_under_cycles(
+                    broker.bootstrap, (topic, group_names(args.groups)), seconds, rounds
+                )
+                verdict.append(
+                    ("/ready p99 with cycles <= 1.2x without", ready["p99_ratio"] <= 1.2)
+                )
+    name = "gate" if not args.only else f"gate-{args.only}"
+    if args.groups != 200 or args.broker != "noida":
+        name += f"-{args.broker}-{args.groups}"
+    write(name, results)
     table("Targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in verdict])
 
 

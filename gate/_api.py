@@ -352,11 +352,14 @@ def create_app(service: GateService, *, manage_service: bool = True) -> FastAPI:
                 "ready": ok,
                 "detail": detail,
                 "poll_interval_ms": service.config.poll_interval_ms,
+                "overrunning": service.overrunning,
+                "overruns": service.overruns,
                 "last_poll": None
                 if poll is None
                 else {
                     "started_at": format_time(poll.started_at),
                     "duration_ms": round(poll.duration * 1000, 1),
+                    "evaluation_ms": round(service.last_evaluation * 1000, 1),
                     "errors": list(poll.errors),
                 },
                 "redis": None

@@ -113,6 +113,7 @@ class Probe(Liveness):
 class LastPoll(BaseModel):
     started_at: str
     duration_ms: float
+    evaluation_ms: float = Field(description="Time spent evaluating the gates from it.")
     errors: list[str]
 
 
@@ -125,6 +126,11 @@ class ServiceStatus(BaseModel):
     ready: bool
     detail: str
     poll_interval_ms: int
+    overrunning: bool = Field(
+        description="True while poll cycles take longer than poll_interval_ms: each starts "
+        "when the previous ends (none is queued), so snapshots are older than the interval."
+    )
+    overruns: int = Field(description="Poll cycles that took longer than the interval.")
     last_poll: LastPoll | None
     redis: RedisHealth | None
     gates: dict[str, GateSummary | None] = Field(

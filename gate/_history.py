@@ -43,16 +43,10 @@ class GateHistory:
 
 
 def point_of(state: GateState, slot: float) -> dict[str, Any]:
-    groups: dict[str, dict[str, Any]] = {g: {"lag": 0, "lag_s": None} for g in state.groups}
-    released = 0
-    for part in state.partitions.values():
-        released += part.watermark or 0
-        for group, position in part.groups.items():
-            entry = groups[group]
-            if position.lag is not None:
-                entry["lag"] += position.lag
-            if position.lag_seconds is not None:
-                entry["lag_s"] = max(entry["lag_s"] or 0.0, round(position.lag_seconds, 3))
+    groups = {
+        group: {"lag": lag.records, "lag_s": lag.seconds} for group, lag in state.group_lags.items()
+    }
+    released = sum(part.watermark or 0 for part in state.partitions.values())
     verdict = state.verdict
     return {
         "t": slot,

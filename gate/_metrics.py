@@ -60,6 +60,18 @@ class GateMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=registry,
         )
+        self.evaluation_duration = Histogram(
+            "gate_evaluation_duration_seconds",
+            "Duration of evaluating all gates from one poll.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self.poll_overruns = Counter(
+            "gate_poll_overruns",
+            "Poll cycles (poll and evaluation) that took longer than the poll interval: the "
+            "next started when it ended, late (cycles are never queued).",
+            registry=registry,
+        )
         self.rewinds = Counter(
             "gate_rewinds",
             "Times a dependency group's committed offset went backwards.",

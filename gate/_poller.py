@@ -261,6 +261,7 @@ class IsolatedPoller:
         return list(self._topics)
 
     def _start(self) -> None:
+        self._received: dict[str, dict[Partition, int]] = {}
         self._process = subprocess.Popen(
             [sys.executable, "-m", "gate._pollproc"],
             stdin=subprocess.PIPE,
@@ -279,8 +280,10 @@ class IsolatedPoller:
             return self._crashed(started_at, started, EOFError("closed"))
         assert process.stdin is not None and process.stdout is not None
         try:
-            # The child's poll starts now: its monotonic clock is its own, this one counts.
-            started = time.monotonic()
+            # The child's poll starts now: its clocks are its own, these count (read together,
+            # so the offset between the wall and monotonic clocks stays steady from poll to
+            # poll: the evaluation re-evaluates everything when it moves).
+            started_at, started = time.time(), time.monotonic()
             write_frame(process.stdin, "poll")
             ready, _, _ = select.select([process.stdout], [], [], self._wait)
             if not ready:
@@ -290,7 +293,18 @@ class IsolatedPoller:
             return self._crashed(started_at, started, exc)
         if isinstance(result, BaseException):
             raise result
-        return dataclasses.replace(result, monotonic=started)
+        result, same = result
+        # The child sends the groups whose offsets changed since its last answer; the others
+        # are the very mappings received before (one child's answers: a new child sends all).
+        received = self._received
+        received.update(result.committed)
+        committed = {g: received[g] for g in same}
+        committed.update(result.committed)
+        result = dataclasses.replace(result, committed=committed)
+        finished_at = started_at + max(0.0, result.finished_at - result.started_at)
+        return dataclasses.replace(
+            result, started_at=started_at, finished_at=finished_at, monotonic=started
+        )
 
     def _crashed(self, started_at: float, started: float, exc: BaseException) -> PollResult:
         process = self._process

@@ -69,6 +69,12 @@ class GateService:
         """When the last poll cycle the cluster answered started, on the monotonic clock
         (None: none yet)."""
         self.last_poll: PollResult | None = None
+        self.last_evaluation: float = 0.0
+        """Seconds the last poll cycle spent evaluating the gates."""
+        self.overruns = 0
+        """Poll cycles that took longer than the poll interval (the next started late)."""
+        self.overrunning = False
+        """Whether the last poll cycle took longer than the poll interval."""
         self.failing: dict[str, tuple[str, ...]] = {}
         """The gates the last poll cycle could not refresh, with what kept it from it."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -195,6 +201,7 @@ class GateService:
         self.metrics.poll_duration.observe(poll.duration)
         states: list[GateState] = []
         failing: dict[str, tuple[str, ...]] = {}
+        evaluating = time.perf_counter()
         for name, evaluator in self.evaluators.items():
             errors = read_errors(poll, self.config.gates[name])
             if errors:
@@ -210,6 +217,8 @@ class GateService:
                 continue
             states.append(state)
             self._record_events(state)
+        self.last_evaluation = time.perf_counter() - evaluating
+        self.metrics.evaluation_duration.observe(self.last_evaluation)
         self.failing = failing
         self._report_errors(poll, list(failing))
         if poll.answered:
@@ -313,10 +322,31 @@ class GateService:
                 log.exception("unexpected error while polling")
             next_at += interval
             delay = next_at - time.monotonic()
-            if delay < 0:
+            self._note_schedule(late=delay < 0, interval=interval)
+            if delay < 0:  # no cycle is queued: the next starts now, the schedule from it
                 next_at = time.monotonic()
                 delay = 0
             await asyncio.sleep(delay)
+
+    def _note_schedule(self, late: bool, interval: float) -> None:
+        """Count a cycle that took longer than the interval; log when cycles start and stop
+        overrunning it."""
+        if late:
+            self.overruns += 1
+            self.metrics.poll_overruns.inc()
+        if late and not self.overrunning:
+            poll = self.last_poll
+            log.warning(
+                "poll cycles take longer than the poll interval (%.0f ms: poll %.0f ms, "
+                "evaluation %.0f ms): each starts when the previous ends, and snapshots are "
+                "that much older",
+                interval * 1000,
+                0.0 if poll is None else poll.duration * 1000,
+                self.last_evaluation * 1000,
+            )
+        elif self.overrunning and not late:
+            log.info("poll cycles fit the poll interval again")
+        self.overrunning = late
 
     @property
     def stale_after(self) -> float:

@@ -7,7 +7,7 @@ here computes anything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, NamedTuple
 
@@ -87,6 +87,15 @@ class GroupPosition(NamedTuple):
     lag_exact: bool = True
     """False when coarse: the record is older than the gate's history (a lower bound), or
     the samples around it are far apart for its age."""
+
+
+class GroupLag(NamedTuple):
+    """A group over all partitions of a gate."""
+
+    records: int
+    """Records behind the end, summed over the partitions where it is known."""
+    seconds: float | None
+    """Age of the oldest record it has not processed (None: unknown everywhere)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +233,10 @@ class GateState:
     """The dependent's own consumer group, when the gate follows it."""
     monotonic: float | None = None
     """When its poll started on the monotonic clock (None: unknown)."""
+    group_lags: Mapping[str, GroupLag] = field(default_factory=dict)
+    """Each dependency group's lag over all partitions."""
+    evaluated: int = 0
+    """Groups the poll evaluated again (the others kept their positions: nothing moved)."""
 
     @property
     def gate(self) -> str:

@@ -47,6 +47,7 @@ from gate._state import (
     STALLED,
     DependencyStatus,
     GateState,
+    GroupLag,
     GroupPosition,
     LogReset,
     LostOffset,
@@ -56,7 +57,7 @@ from gate._state import (
     Verdict,
     VerdictState,
 )
-from gate._watermark import Partition, Snapshot, compute_watermarks
+from gate._watermark import Partition, Snapshot
 
 RewindPolicy = Literal["follow", "keep_highest"]
 
@@ -191,6 +192,34 @@ class _Track:
         return start is not None and latest.low > start.high
 
 
+SHIFT_TOLERANCE = 0.01
+"""Seconds the offset between the wall and monotonic clocks may drift from the one used so
+far before it is taken anew (and everything evaluated afresh): times handed out are on the
+poll's wall clock to within this."""
+
+
+class _Seen(NamedTuple):
+    """What the previous poll saw of the gate's partitions."""
+
+    partitions: list[Partition]
+    ends: dict[Partition, int | None]
+    shift: float
+
+
+class _GroupResult(NamedTuple):
+    """One group evaluated on every partition, from its committed offsets ``committed``."""
+
+    committed: Mapping[Partition, int]
+    positions: dict[Partition, GroupPosition]
+    effective: dict[Partition, int]
+    """The offsets that count for the watermark (see ``StatusPolicy.rewind_policy``)."""
+    status: DependencyStatus
+    lag: GroupLag
+    quiet_until: float
+    """Until when (monotonic) all of it holds while the inputs stay as they are: -inf when it
+    has lag somewhere (its status may change with time alone)."""
+
+
 @dataclass
 class GateEvaluator:
     """Turns successive polls into versioned gate states. Pure: time comes from the poll."""
@@ -206,8 +235,14 @@ class GateEvaluator:
     _tracks: dict[tuple[str, Partition], _Track] = field(default_factory=dict, repr=False)
     _ends: dict[Partition, EndHistory] = field(default_factory=dict, repr=False)
     _marks: dict[Partition, tuple[int | None, float]] = field(default_factory=dict, repr=False)
+    incremental: bool = True
+    """False: every group is evaluated on every partition at every poll (the reference the
+    incremental evaluation is tested against)."""
     _dependent: Mapping[Partition, int] = field(default_factory=dict, repr=False)
     _last: GateState | None = field(default=None, repr=False)
+    _seen: _Seen | None = field(default=None, repr=False)
+    _evaluated: dict[str, _GroupResult] = field(default_factory=dict, repr=False)
+    _positions: dict[Partition, dict[str, GroupPosition]] = field(default_factory=dict, repr=False)
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
     """The most partitions seen per topic: fewer now means partitions do not exist."""
 
@@ -243,13 +278,168 @@ class GateEvaluator:
         return resets
 
     def observe(self, poll: PollResult) -> GateState:
+        """The gate's state after ``poll``.
+
+        Incremental: a group whose committed offsets are those of the previous poll, on
+        partitions whose end offsets are those of the previous poll too, and that had no lag
+        anywhere (caught up, or idle) keeps its positions and status without being looked at
+        again, until a REWOUND status it carries expires. Only the partitions where a
+        re-evaluated group's position or offset changed get their watermark and holding
+        groups computed again. Everything is evaluated afresh when the partitions, any end
+        offset or the offset between the wall and monotonic clocks changed, or a log moved
+        backwards: the result is the same as evaluating every group on every partition."""
         # Durations (stall, rewind and lag windows, lag in seconds) are measured on the
         # monotonic clock: a wall clock stepped back or forward moves none of them. Times
         # handed out are on the poll's wall clock (``shift`` from one to the other).
         now = poll.started_at if poll.monotonic is None else poll.monotonic
         wall = poll.started_at
         shift = wall - now
-        policy = self.policy
+        seen = self._seen
+        if seen is not None and abs(seen.shift - shift) <= SHIFT_TOLERANCE:
+            shift = seen.shift  # the clocks' offset jitters by microseconds between polls
+        partitions, missing_topics, missing_partitions = self._partitions_of(poll)
+        resets = self._reset_moved_logs(partitions, poll.end_offsets, now)
+        ends = {tp: poll.end_offsets.get(tp) for tp in partitions}
+        fresh = (
+            not self.incremental
+            or seen is None
+            or bool(resets)
+            or seen.partitions != partitions
+            or seen.ends != ends
+            or seen.shift != shift
+        )
+        self._seen = _Seen(partitions, ends, shift)
+        rewinds: list[Rewind] = []
+        lost: list[LostOffset] = []
+        if fresh:
+            self._evaluated = {}
+        evaluated = self._evaluated
+        moved: dict[str, _GroupResult] = {}
+        for group in self.groups:
+            committed = poll.committed.get(group, {})
+            previous = evaluated.get(group)
+            if (
+                previous is not None
+                and now < previous.quiet_until
+                and committed == previous.committed
+            ):
+                continue
+            moved[group] = self._evaluate_group(
+                group, committed, partitions, ends, now, shift, rewinds, lost
+            )
+
+        keep: dict[Partition, tuple[int | None, tuple[str, ...]]] = {}
+        if fresh:
+            positions = {tp: {} for tp in partitions}
+            for group, result in moved.items():
+                for tp, position in result.positions.items():
+                    positions[tp][group] = position
+        else:
+            positions = self._positions
+            changes: dict[Partition, dict[str, GroupPosition]] = {}
+            for group, result in moved.items():
+                for tp, position in result.positions.items():
+                    if positions[tp].get(group) != position or (
+                        result.effective.get(tp) != self._effective_of(group, tp)
+                    ):
+                        changes.setdefault(tp, {})[group] = position
+            positions = dict(positions)
+            for tp, changed in changes.items():
+                positions[tp] = {**positions[tp], **changed}  # copied: states share the last
+            last = self._last
+            assert last is not None  # not fresh: a state exists
+            for tp in partitions:
+                if tp not in changes:
+                    state = last.partitions[tp]
+                    keep[tp] = (state.watermark, state.holding)
+        evaluated.update(moved)
+        self._positions = positions
+        watermarks: dict[Partition, int | None] = {}
+        holdings: dict[Partition, tuple[str, ...]] = {}
+        for tp in partitions:
+            kept = keep.get(tp)
+            if kept is not None:
+                watermarks[tp], holdings[tp] = kept
+                continue
+            watermark = watermarks[tp] = self._watermark_of(tp)
+            # Groups at the watermark hold the partition back only while records wait there.
+            end = ends[tp]
+            if end is not None and (watermark or 0) >= end:
+                holdings[tp] = ()
+            else:
+                holdings[tp] = tuple(
+                    group
+                    for group in self.groups
+                    if (offset := self._effective_of(group, tp)) is None or offset == watermark
+                )
+
+        if self.dependent and self.dependent not in poll.failed_groups:
+            self._dependent = poll.committed.get(self.dependent, {})
+        dependent = self._dependent  # the last known when reading it failed this time
+        histories = self._ends
+        states: dict[Partition, PartitionState] = {}
+        for tp in partitions:
+            watermark = watermarks[tp]
+            end = ends[tp]
+            mark = self._marks.get(tp)
+            if mark is None or mark[0] != watermark:
+                mark = self._marks[tp] = (watermark, now)
+            history = histories.get(tp)
+            if end is not None and (watermark or 0) >= end:
+                waiting_seconds: float | None = 0.0
+            elif history is None:
+                waiting_seconds = None
+            else:
+                waiting_seconds = history.lag(watermark or 0, now).seconds
+            states[tp] = PartitionState(
+                tp[0],
+                tp[1],
+                end,
+                watermark,
+                holdings[tp],
+                positions[tp],
+                mark[1] + shift,
+                waiting_seconds,
+                dependent.get(tp),
+            )
+
+        previous_state = self._last
+        snapshot = Snapshot(
+            gate=self.gate,
+            version=self.next_version(wall),
+            polled_at=wall,
+            watermarks=watermarks,
+        )
+        state = GateState(
+            snapshot=snapshot,
+            partitions=states,
+            groups={group: evaluated[group].status for group in self.groups},
+            missing_topics=tuple(missing_topics),
+            missing_partitions=tuple(missing_partitions),
+            changed=previous_state is None or previous_state.snapshot.watermarks != watermarks,
+            rewinds=tuple(rewinds),
+            lost=tuple(lost),
+            resets=tuple(resets),
+            poll_duration=poll.duration,
+            verdict=judge(
+                states.values(),
+                wall,
+                self.policy.stall_after,
+                (*missing_topics, *(f"{t}[{p}]" for t, p in missing_partitions)),
+            ),
+            dependent=self.dependent,
+            monotonic=poll.monotonic,
+            group_lags={group: evaluated[group].lag for group in self.groups},
+            evaluated=len(moved),
+        )
+        self._last = state
+        return state
+
+    def _partitions_of(
+        self, poll: PollResult
+    ) -> tuple[list[Partition], list[str], list[Partition]]:
+        """The gate's partitions now, its topics that do not exist, and the partitions seen
+        before that no longer exist (a topic has fewer now)."""
         partitions: list[Partition] = []
         missing_topics: list[str] = []
         missing_partitions: list[Partition] = []
@@ -263,145 +453,122 @@ class GateEvaluator:
                 self._counts[topic] = count
             missing_partitions.extend((topic, p) for p in range(count, seen))
             partitions.extend((topic, p) for p in range(count))
+        return partitions, missing_topics, missing_partitions
 
-        resets = self._reset_moved_logs(partitions, poll.end_offsets, now)
-        rewinds: list[Rewind] = []
-        lost: list[LostOffset] = []
-        overall: dict[str, DependencyStatus] = {}
-        positions: dict[Partition, dict[str, GroupPosition]] = {tp: {} for tp in partitions}
-        effective: dict[str, dict[Partition, int]] = {group: {} for group in self.groups}
+    def _effective_of(self, group: str, tp: Partition) -> int | None:
+        result = self._evaluated.get(group)
+        return None if result is None else result.effective.get(tp)
+
+    def _watermark_of(self, tp: Partition) -> int | None:
+        """The minimum effective offset over the groups (None when one has none, or there is
+        no group): ``compute_watermarks`` for one partition."""
+        low: int | None = None
+        for group in self.groups:
+            offset = self._effective_of(group, tp)
+            if offset is None:
+                return None
+            if low is None or offset < low:
+                low = offset
+        return low
+
+    def _evaluate_group(
+        self,
+        group: str,
+        group_committed: Mapping[Partition, int],
+        partitions: list[Partition],
+        ends: Mapping[Partition, int | None],
+        now: float,
+        shift: float,
+        rewinds: list[Rewind],
+        lost: list[LostOffset],
+    ) -> _GroupResult:
+        """One group on every partition of the gate: its positions, the offsets that count
+        for the watermark, its worst status, its lag, and until when all of it holds while
+        its offsets and the end offsets stay as they are."""
+        policy = self.policy
         keep_highest = policy.rewind_policy == "keep_highest"
         tracks, histories = self._tracks, self._ends
-
         stall_after = policy.stall_after
         rewind_window = policy.rewind_window
         lag_window, lag_threshold = policy.lag_window, policy.lag_threshold
         behind_after = policy.behind_after
-        end_offsets = poll.end_offsets
-        for group in self.groups:
-            group_committed = poll.committed.get(group, {})
-            group_effective = effective[group]
-            worst_rank = _OK_RANK
-            for tp in partitions:
-                committed = group_committed.get(tp)
-                key = (group, tp)
-                track = tracks.get(key)
-                if committed is None:
-                    if track is not None:
-                        lost.append(LostOffset(group, tp[0], tp[1], track.committed))
-                        del tracks[key]
-                    positions[tp][group] = GroupPosition(None, None, MISSING, None)
-                    worst_rank = _MISSING_RANK
-                    continue
-                end = end_offsets.get(tp)
-                lag = (end - committed if end > committed else 0) if end is not None else None
-                history = histories.get(tp)
-                seconds, exact = (None, True)
-                if lag is not None and history is not None:
-                    seconds, exact = history.lag(committed, now) if lag else (0.0, True)
-                if track is None:
-                    track = tracks[key] = _Track(committed, now, lag, seconds, end)
-                elif committed != track.committed:
-                    if committed < track.committed:
-                        rewinds.append(Rewind(group, tp[0], tp[1], track.committed, committed))
-                    track.moved(committed, lag, seconds, now, lag_window)
-                if end is not None:
-                    track.end = end
-                # Status, most severe first (see SEVERITY). Stalled: it has had lag, and
-                # not committed, for stall_after (lag that just appeared on an idle
-                # partition is not a stall, however long ago the group last committed).
-                stalled_for = now - track.moved_at
-                if seconds is not None:
-                    stalled_for = min(stalled_for, seconds)
-                if lag and stalled_for >= stall_after:
-                    status = STALLED
-                elif track.rewound_at is not None and now - track.rewound_at < rewind_window:
-                    status = REWOUND
-                elif track.lagging(lag, seconds, now, lag_window, lag_threshold):
-                    status = LAGGING
-                elif seconds is not None and seconds > behind_after:
-                    status = BEHIND
-                else:
-                    status = OK
-                positions[tp][group] = GroupPosition(
-                    committed, lag, status, track.moved_at + shift, seconds, exact
-                )
-                if keep_highest and (end is None or track.highest <= end):
-                    group_effective[tp] = track.highest
-                else:
-                    group_effective[tp] = committed
-                rank = _RANK[status]
-                if rank < worst_rank:
-                    worst_rank = rank
-            overall[group] = SEVERITY[worst_rank]
-
-        watermarks = compute_watermarks(partitions, effective)
-        if self.dependent and self.dependent not in poll.failed_groups:
-            self._dependent = poll.committed.get(self.dependent, {})
-        dependent = self._dependent  # the last known when reading it failed this time
-        states: dict[Partition, PartitionState] = {}
+        positions: dict[Partition, GroupPosition] = {}
+        effective: dict[Partition, int] = {}
+        worst_rank = _OK_RANK
+        lag_total = 0
+        lag_seconds: float | None = None
+        # It can be skipped while nothing moves only when it has no lag anywhere (then no
+        # status of it depends on time but REWOUND, which expires at a known time).
+        quiet_until = float("inf")
         for tp in partitions:
-            watermark = watermarks[tp]
-            end = end_offsets.get(tp)
-            mark = self._marks.get(tp)
-            if mark is None or mark[0] != watermark:
-                mark = self._marks[tp] = (watermark, now)
-            # Groups at the watermark hold the partition back only while records wait there.
-            caught_up = end is not None and (watermark or 0) >= end
-            holding = tuple(
-                group
-                for group in self.groups
-                if not caught_up
-                and (effective[group].get(tp) is None or effective[group][tp] == watermark)
-            )
+            committed = group_committed.get(tp)
+            key = (group, tp)
+            track = tracks.get(key)
+            if committed is None:
+                if track is not None:
+                    lost.append(LostOffset(group, tp[0], tp[1], track.committed))
+                    del tracks[key]
+                positions[tp] = GroupPosition(None, None, MISSING, None)
+                worst_rank = _MISSING_RANK
+                continue
+            end = ends[tp]
+            lag = (end - committed if end > committed else 0) if end is not None else None
             history = histories.get(tp)
-            if caught_up:
-                waiting_seconds: float | None = 0.0
-            elif history is None:
-                waiting_seconds = None
+            seconds, exact = (None, True)
+            if lag is not None and history is not None:
+                seconds, exact = history.lag(committed, now) if lag else (0.0, True)
+            if track is None:
+                track = tracks[key] = _Track(committed, now, lag, seconds, end)
+            elif committed != track.committed:
+                if committed < track.committed:
+                    rewinds.append(Rewind(group, tp[0], tp[1], track.committed, committed))
+                track.moved(committed, lag, seconds, now, lag_window)
+            if end is not None:
+                track.end = end
+            # Status, most severe first (see SEVERITY). Stalled: it has had lag, and not
+            # committed, for stall_after (lag that just appeared on an idle partition is not
+            # a stall, however long ago the group last committed).
+            stalled_for = now - track.moved_at
+            if seconds is not None:
+                stalled_for = min(stalled_for, seconds)
+            rewound = track.rewound_at is not None and now - track.rewound_at < rewind_window
+            if lag and stalled_for >= stall_after:
+                status = STALLED
+            elif rewound:
+                status = REWOUND
+            elif track.lagging(lag, seconds, now, lag_window, lag_threshold):
+                status = LAGGING
+            elif seconds is not None and seconds > behind_after:
+                status = BEHIND
             else:
-                waiting_seconds = history.lag(watermark or 0, now).seconds
-            states[tp] = PartitionState(
-                tp[0],
-                tp[1],
-                end,
-                watermark,
-                holding,
-                positions[tp],
-                mark[1] + shift,
-                waiting_seconds,
-                dependent.get(tp),
+                status = OK
+            if lag != 0 or (track.trend and track.trend[-1].high != 0):
+                quiet_until = float("-inf")  # its status may change with time alone
+            elif rewound:
+                assert track.rewound_at is not None
+                quiet_until = min(quiet_until, track.rewound_at + rewind_window)
+            positions[tp] = GroupPosition(
+                committed, lag, status, track.moved_at + shift, seconds, exact
             )
-
-        previous = self._last
-        snapshot = Snapshot(
-            gate=self.gate,
-            version=self.next_version(wall),
-            polled_at=wall,
-            watermarks=watermarks,
+            if lag is not None:
+                lag_total += lag
+            if seconds is not None:
+                lag_seconds = max(lag_seconds or 0.0, round(seconds, 3))
+            if keep_highest and (end is None or track.highest <= end):
+                effective[tp] = track.highest
+            else:
+                effective[tp] = committed
+            rank = _RANK[status]
+            if rank < worst_rank:
+                worst_rank = rank
+        return _GroupResult(
+            group_committed,
+            positions,
+            effective,
+            SEVERITY[worst_rank],
+            GroupLag(lag_total, lag_seconds),
+            quiet_until,
         )
-        state = GateState(
-            snapshot=snapshot,
-            partitions=states,
-            groups=overall,
-            missing_topics=tuple(missing_topics),
-            missing_partitions=tuple(missing_partitions),
-            changed=previous is None or previous.snapshot.watermarks != watermarks,
-            rewinds=tuple(rewinds),
-            lost=tuple(lost),
-            resets=tuple(resets),
-            poll_duration=poll.duration,
-            verdict=judge(
-                states.values(),
-                wall,
-                stall_after,
-                (*missing_topics, *(f"{t}[{p}]" for t, p in missing_partitions)),
-            ),
-            dependent=self.dependent,
-            monotonic=poll.monotonic,
-        )
-        self._last = state
-        return state
 
 
 def judge(

@@ -39,6 +39,8 @@ class ScriptedAdmin:
         self.denied: set[str] = set()
         self.down = False
         self.group_reads = 0
+        self.delay = 0.0
+        """Seconds each end-offset read takes (a slow cluster)."""
 
     def list_topics(self, timeout: float | None = None) -> SimpleNamespace:
         if self.down:
@@ -70,6 +72,7 @@ class ScriptedAdmin:
     def list_offsets(
         self, request: Iterable[TopicPartition], request_timeout: float | None = None
     ) -> dict[TopicPartition, Future[Any]]:
+        time.sleep(self.delay)
         if self.down:
             return {tp: _failed(KafkaError._TRANSPORT) for tp in request}
         return {

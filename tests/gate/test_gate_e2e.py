@@ -486,6 +486,40 @@ def test_an_aborted_admin_client_costs_one_poll(kafka: Kafka) -> None:
         poller.close()
 
 
+def test_polls_through_the_child_process_stay_incremental(kafka: Kafka) -> None:
+    """The isolated poller times its polls on this process's clocks, read together: the
+    offset between the wall and monotonic clocks stays steady from poll to poll, so the
+    evaluation does not start afresh at every poll (it did when the child's wall clock, read
+    a pipe's latency later, was taken). The child sends only the groups whose offsets
+    changed."""
+    from gate import GateEvaluator
+    from gate._poller import IsolatedPoller
+
+    topic = kafka.create_topic(2)
+    groups = [unique("CG") for _ in range(3)]
+    for group in groups:
+        kafka.commit(group, topic, {0: 0, 1: 0})
+    poller = IsolatedPoller({"bootstrap.servers": kafka.bootstrap}, {g: [topic] for g in groups})
+    evaluator = GateEvaluator("a", [topic], groups)
+    try:
+        polls = [poller.poll() for _ in range(12)]
+        kafka.produce(topic, {0: 5})
+        kafka.commit(groups[0], topic, {0: 5, 1: 0})
+        moved = poller.poll()
+    finally:
+        poller.close()
+    shifts = [p.started_at - p.monotonic for p in polls if p.monotonic is not None]
+    assert len(shifts) == 12 and max(shifts) - min(shifts) < 0.005
+    assert all(p.finished_at >= p.started_at for p in polls)
+    evaluated = [evaluator.observe(p).evaluated for p in polls]
+    assert evaluated[0] == 3 and evaluated[1:] == [0] * 11  # caught up on an empty topic
+    # Unchanged offsets are not sent again: the same mappings as the first poll's.
+    assert all(p.committed[g] is polls[0].committed[g] for p in polls for g in groups)
+    assert moved.committed[groups[0]] == {(topic, 0): 5, (topic, 1): 0}
+    assert moved.committed[groups[1]] is polls[0].committed[groups[1]]
+    assert moved.committed[groups[1]] == {(topic, 0): 0, (topic, 1): 0}
+
+
 def test_an_admin_client_whose_group_reads_keep_failing_is_replaced(
     local_broker: LocalBroker, broker: Broker
 ) -> None:

@@ -230,3 +230,22 @@ def test_a_wall_clock_stepped_back_does_not_stall_polling(monkeypatch: pytest.Mo
         assert client.get("/readyz").status_code == 200
         history = client.get("/status/a/history").json()["points"]
         assert [p["t"] for p in history] == sorted(p["t"] for p in history)
+
+
+def test_cycles_longer_than_the_interval_are_counted_and_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cluster slower than the poll interval: /status and a metric say so, and stop saying
+    so once cycles fit the interval again."""
+    served = Served(Clocks(monkeypatch, follow_real=True))
+    served.service.config = served.service.config.model_copy(update={"poll_interval_ms": 20})
+    served.admin.delay = 0.1
+    with TestClient(create_app(served.service)) as client:
+        wait_until(lambda: served.service.overruns >= 3, what="cycles overrunning")
+        status = ServiceStatus.model_validate(client.get("/status").json())
+        assert status.overrunning and status.overruns >= 3
+        assert status.last_poll is not None and status.last_poll.duration_ms >= 100
+        assert (served.metric("gate_poll_overruns_total") or 0) >= 3
+        served.admin.delay = 0.0
+        wait_until(lambda: not served.service.overrunning, what="cycles fitting again")
+        assert client.get("/status").json()["overrunning"] is False
