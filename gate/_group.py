@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 from gate._lag import EndHistory
 from gate._state import (
@@ -30,8 +31,29 @@ from gate._state import (
 )
 from gate._watermark import Partition
 
-if TYPE_CHECKING:
-    from gate._status import StatusPolicy
+RewindPolicy = Literal["follow", "keep_highest"]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusPolicy:
+    stall_after: float = 60.0
+    """Seconds a group may have lag without committing before it is STALLED."""
+    lag_window: float = 30.0
+    """Seconds over which the lag trend is judged: LAGGING only when the lag after each commit
+    did not fall once across the whole window and grew over it."""
+    lag_threshold: float = 10.0
+    """Seconds of lag below which a group is never LAGGING, however its lag moves."""
+    behind_after: float = 60.0
+    """Seconds of lag (the age of its oldest unprocessed record) beyond which a group is
+    BEHIND when it is not LAGGING: never OK, growing or not."""
+    rewind_window: float = 300.0
+    """Seconds a group stays REWOUND after its committed offset went backwards."""
+    rewind_policy: RewindPolicy = "follow"
+    """``follow``: the watermark follows a rewound group down, so new records wait until it
+    passes them again. ``keep_highest``: a group counts with the highest offset it ever
+    committed on the partition's current log (records it processed once stay released); a
+    log that moves backwards (a topic deleted and recreated) starts that history afresh, and
+    a highest offset beyond the log's end never counts."""
 
 
 class Point(NamedTuple):

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-from gate._group import GroupResult, Track, evaluate_group
+from gate._group import GroupResult, StatusPolicy, Track, evaluate_group
 from gate._lag import EndHistory
 from gate._state import (
     GateState,
@@ -45,31 +45,6 @@ from gate._state import (
 )
 from gate._verdict import judge
 from gate._watermark import Partition, Snapshot
-
-RewindPolicy = Literal["follow", "keep_highest"]
-
-
-@dataclass(frozen=True, slots=True)
-class StatusPolicy:
-    stall_after: float = 60.0
-    """Seconds a group may have lag without committing before it is STALLED."""
-    lag_window: float = 30.0
-    """Seconds over which the lag trend is judged: LAGGING only when the lag after each commit
-    did not fall once across the whole window and grew over it."""
-    lag_threshold: float = 10.0
-    """Seconds of lag below which a group is never LAGGING, however its lag moves."""
-    behind_after: float = 60.0
-    """Seconds of lag (the age of its oldest unprocessed record) beyond which a group is
-    BEHIND when it is not LAGGING: never OK, growing or not."""
-    rewind_window: float = 300.0
-    """Seconds a group stays REWOUND after its committed offset went backwards."""
-    rewind_policy: RewindPolicy = "follow"
-    """``follow``: the watermark follows a rewound group down, so new records wait until it
-    passes them again. ``keep_highest``: a group counts with the highest offset it ever
-    committed on the partition's current log (records it processed once stay released); a
-    log that moves backwards (a topic deleted and recreated) starts that history afresh, and
-    a highest offset beyond the log's end never counts."""
-
 
 SHIFT_TOLERANCE = 0.01
 """Seconds the offset between the wall and monotonic clocks may drift from the one used so
