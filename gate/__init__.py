@@ -29,7 +29,7 @@ _WHERE = {
     "PollResult": "gate._state",
     "Verdict": "gate._state",
     "GateEvaluator": "gate._status",
-    "StatusPolicy": "gate._status",
+    "StatusPolicy": "gate._group",
     "Partition": "gate._watermark",
     "Snapshot": "gate._watermark",
     "SnapshotError": "gate._watermark",
@@ -39,10 +39,11 @@ _WHERE = {
 
 if TYPE_CHECKING:
     from gate._config import ConfigError, GateConfig, GateSpec, load_config, parse_config
+    from gate._group import StatusPolicy
     from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
     from gate._service import GateService, StartupError
     from gate._state import DependencyStatus, GateState, PollResult, Verdict
-    from gate._status import GateEvaluator, StatusPolicy
+    from gate._status import GateEvaluator
     from gate._watermark import Partition, Snapshot, SnapshotError, compute_watermarks, is_released
 
 

@@ -358,7 +358,7 @@ class EmbeddedSource(_ThreadSource):
         super().start(view)
 
     def run(self) -> None:
-        from gate._status import GateEvaluator
+        from gate import GateEvaluator
 
         assert self.view is not None and self._poller is not None
         poller = self._poller
