@@ -44,7 +44,7 @@ from gate._state import (
     Rewind,
 )
 from gate._verdict import judge
-from gate._watermark import Partition, Snapshot
+from gate._watermark import Partition, Snapshot, compute_watermarks
 
 SHIFT_TOLERANCE = 0.01
 """Seconds the offset between the wall and monotonic clocks may drift from the one used so
@@ -178,55 +178,42 @@ class GateEvaluator:
                 lost,
             )
 
-        keep: dict[Partition, tuple[int | None, tuple[str, ...]]] = {}
         if fresh:
             positions = {tp: {} for tp in partitions}
             for group, result in moved.items():
                 for tp, position in result.positions.items():
                     positions[tp][group] = position
+            changed = partitions
         else:
             positions = self._positions
             changes: dict[Partition, dict[str, GroupPosition]] = {}
             for group, result in moved.items():
                 for tp, position in result.positions.items():
                     if positions[tp].get(group) != position or (
-                        result.effective.get(tp) != self._effective_of(group, tp)
+                        result.effective.get(tp) != evaluated[group].effective.get(tp)
                     ):
                         changes.setdefault(tp, {})[group] = position
             positions = dict(positions)
-            for tp, changed in changes.items():
-                positions[tp] = {**positions[tp], **changed}  # copied: states share the last
-            last = self._last
-            assert last is not None  # not fresh: a state exists
-            for tp in partitions:
-                if tp not in changes:
-                    state = last.partitions[tp]
-                    keep[tp] = (state.watermark, state.holding)
+            for tp, changed_here in changes.items():
+                positions[tp] = {**positions[tp], **changed_here}  # copied: states share them
+            changed = list(changes)
         evaluated.update(moved)
         self._positions = positions
-        watermarks: dict[Partition, int | None] = {}
-        holdings: dict[Partition, tuple[str, ...]] = {}
-        for tp in partitions:
-            kept = keep.get(tp)
-            if kept is not None:
-                watermarks[tp], holdings[tp] = kept
-                continue
-            watermark = watermarks[tp] = self._watermark_of(tp)
-            # Groups at the watermark hold the partition back only while records wait there.
-            end = ends[tp]
-            if end is not None and (watermark or 0) >= end:
-                holdings[tp] = ()
-            else:
-                holdings[tp] = tuple(
-                    group
-                    for group in self.groups
-                    if (offset := self._effective_of(group, tp)) is None or offset == watermark
-                )
+        # Watermarks and holding groups anew where a position or an offset changed; elsewhere
+        # those of the previous state (not fresh: the partitions and their ends are the same).
+        effective = {group: evaluated[group].effective for group in self.groups}
+        watermarks = compute_watermarks(changed, effective)
+        last = self._last
+        if len(changed) < len(partitions):
+            assert last is not None
+            previous_marks = last.snapshot.watermarks
+            watermarks = {tp: watermarks.get(tp, previous_marks.get(tp)) for tp in partitions}
 
         if self.dependent and self.dependent not in poll.failed_groups:
             self._dependent = poll.committed.get(self.dependent, {})
         dependent = self._dependent  # the last known when reading it failed this time
         histories = self._ends
+        recomputed = set(changed)
         states: dict[Partition, PartitionState] = {}
         for tp in partitions:
             watermark = watermarks[tp]
@@ -234,8 +221,21 @@ class GateEvaluator:
             mark = self._marks.get(tp)
             if mark is None or mark[0] != watermark:
                 mark = self._marks[tp] = (watermark, now)
+            caught_up = end is not None and (watermark or 0) >= end
+            # Groups at the watermark hold the partition back only while records wait there.
+            if tp not in recomputed:
+                assert last is not None
+                holding = last.partitions[tp].holding
+            elif caught_up:
+                holding = ()
+            else:
+                holding = tuple(
+                    group
+                    for group, offsets in effective.items()
+                    if (offset := offsets.get(tp)) is None or offset == watermark
+                )
             history = histories.get(tp)
-            if end is not None and (watermark or 0) >= end:
+            if caught_up:
                 waiting_seconds: float | None = 0.0
             elif history is None:
                 waiting_seconds = None
@@ -246,7 +246,7 @@ class GateEvaluator:
                 tp[1],
                 end,
                 watermark,
-                holdings[tp],
+                holding,
                 positions[tp],
                 mark[1] + shift,
                 waiting_seconds,
@@ -304,19 +304,3 @@ class GateEvaluator:
             missing_partitions.extend((topic, p) for p in range(count, seen))
             partitions.extend((topic, p) for p in range(count))
         return partitions, missing_topics, missing_partitions
-
-    def _effective_of(self, group: str, tp: Partition) -> int | None:
-        result = self._evaluated.get(group)
-        return None if result is None else result.effective.get(tp)
-
-    def _watermark_of(self, tp: Partition) -> int | None:
-        """The minimum effective offset over the groups (None when one has none, or there is
-        no group): ``compute_watermarks`` for one partition."""
-        low: int | None = None
-        for group in self.groups:
-            offset = self._effective_of(group, tp)
-            if offset is None:
-                return None
-            if low is None or offset < low:
-                low = offset
-        return low
