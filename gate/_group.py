@@ -18,20 +18,27 @@ from gate._state import (
     _RANK,
     BEHIND,
     LAGGING,
-    MISSING,
-    OK,
     REWOUND,
     SEVERITY,
     STALLED,
     DependencyStatus,
     GroupLag,
-    GroupPosition,
     LostOffset,
+    Position,
     Rewind,
 )
 from gate._watermark import Partition
 
 RewindPolicy = Literal["follow", "keep_highest"]
+
+_STALLED_RANK, _REWOUND_RANK, _LAGGING_RANK, _BEHIND_RANK = (
+    _RANK[STALLED],
+    _RANK[REWOUND],
+    _RANK[LAGGING],
+    _RANK[BEHIND],
+)
+_MISSING_POSITION: Position = (None, None, _MISSING_RANK, None, None, True)
+_NEVER_CHANGES, _ALWAYS_CHANGES = float("inf"), float("-inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +63,13 @@ class StatusPolicy:
     a highest offset beyond the log's end never counts."""
 
 
-class Point(NamedTuple):
-    """A group's lag right after one of its commits: between ``low`` and ``high`` records
-    (the commit happened between two polls, and records kept arriving), and the age of its
-    oldest unprocessed record then (None: unknown)."""
-
-    at: float
-    low: int
-    high: int
-    seconds: float | None
+Point = tuple[float, int, int, "float | None"]
+"""A group's lag right after one of its commits: ``(at, low, high, seconds)``: between
+``low`` and ``high`` records (the commit happened between two polls, and records kept
+arriving), and the age of its oldest unprocessed record then (None: unknown). A plain tuple:
+the collector stops tracking those (not named tuples), and a gate keeps about eight per group
+and partition."""
+_AT, _LOW, _HIGH, _SECONDS = range(4)
 
 
 class Track:
@@ -75,8 +80,8 @@ class Track:
     still) and it falls at the next commit, so a group that commits less often than the gate
     polls shows a saw-tooth whose every fall looks like catching up, and whose every rise
     looks like falling behind. A commit is seen at the first poll after it, so the lag right
-    after it is known within the records appended between two polls (``Point.low`` to
-    ``high``); the lag counts as grown, or fallen, only beyond that.
+    after it is known within the records appended between two polls (``low`` to
+    ``high`` of a :data:`Point`); the lag counts as grown, or fallen, only beyond that.
 
     The group is *lagging* when, over the ``window`` that ends at its latest commit, its lag
     after commits did not fall once and the latest one is above the one at the window's start,
@@ -113,7 +118,7 @@ class Track:
         # after its last commit was at most its lag now.
         self.trend: deque[Point] = deque()
         if lag is not None:
-            self.trend.append(Point(now, 0, lag, seconds))
+            self.trend.append((now, 0, lag, seconds))
 
     def moved(
         self, committed: int, lag: int | None, seconds: float | None, now: float, window: float
@@ -132,15 +137,18 @@ class Track:
         if lag is None:
             return
         trend = self.trend
-        if trend and lag < trend[-1].low:
+        if trend and lag < trend[-1][_LOW]:
             trend.clear()  # it fell for certain: the trend starts again
-        low = lag if self.end is None else max(0, min(lag, self.end - committed))
-        point = Point(now, low, lag, seconds)
-        if len(trend) >= 2 and now - trend[-2].at < window / 8:
+        low = lag
+        if self.end is not None:
+            low = self.end - committed
+            low = 0 if low < 0 else lag if low > lag else low
+        point = (now, low, lag, seconds)
+        if len(trend) >= 2 and now - trend[-2][_AT] < window / 8:
             trend[-1] = point
         else:
             trend.append(point)
-        while len(trend) > 1 and trend[1].at <= now - window:
+        while len(trend) > 1 and trend[1][_AT] <= now - window:
             trend.popleft()
 
     def lagging(
@@ -151,24 +159,25 @@ class Track:
             return False
         silent = now - self.moved_at
         if lag is not None and self.gap is not None and silent > max(window, 2 * self.gap):
-            latest = Point(now, lag, lag, seconds)  # no commit for long, and its lag grew
+            latest = (now, lag, lag, seconds)  # no commit for long, and its lag grew
         else:
             latest = trend[-1]
-        if latest.seconds is None or latest.seconds <= threshold:
+        seconds = latest[_SECONDS]
+        if seconds is None or seconds <= threshold:
             return False
         start: Point | None = None
         for point in trend:
-            if point.at > latest.at - window:
+            if point[_AT] > latest[_AT] - window:
                 break
             start = point
-        return start is not None and latest.low > start.high
+        return start is not None and latest[_LOW] > start[_HIGH]
 
 
 class GroupResult(NamedTuple):
     """One group evaluated on every partition, from its committed offsets ``committed``."""
 
     committed: Mapping[Partition, int]
-    positions: dict[Partition, GroupPosition]
+    positions: dict[Partition, Position]
     effective: dict[Partition, int]
     """The offsets that count for the watermark (see ``StatusPolicy.rewind_policy``)."""
     status: DependencyStatus
@@ -179,7 +188,7 @@ class GroupResult(NamedTuple):
 
 
 def evaluate_group(
-    tracks: dict[tuple[str, Partition], Track],
+    tracks: dict[Partition, Track],
     histories: Mapping[Partition, EndHistory],
     policy: StatusPolicy,
     group: str,
@@ -191,41 +200,52 @@ def evaluate_group(
     rewinds: list[Rewind],
     lost: list[LostOffset],
 ) -> GroupResult:
-    """One group on every partition of the gate: its positions, the offsets that count
-    for the watermark, its worst status, its lag, and until when all of it holds while
-    its offsets and the end offsets stay as they are."""
+    """One group on every partition of the gate (``tracks``: its memory of each): its
+    positions, the offsets that count for the watermark, its worst status, its lag, and until
+    when all of it holds while its offsets and the end offsets stay as they are.
+
+    It runs for every group on every partition whenever records arrive, so it is written for
+    speed: positions are plain tuples (:data:`gate._state.Position`), and the common case
+    (caught up, moving forward) calls nothing but the dictionaries' methods."""
     keep_highest = policy.rewind_policy == "keep_highest"
     stall_after = policy.stall_after
     rewind_window = policy.rewind_window
     lag_window, lag_threshold = policy.lag_window, policy.lag_threshold
     behind_after = policy.behind_after
-    positions: dict[Partition, GroupPosition] = {}
+    positions: dict[Partition, Position] = {}
     effective: dict[Partition, int] = {}
     worst_rank = _OK_RANK
     lag_total = 0
     lag_seconds: float | None = None
     # It can be skipped while nothing moves only when it has no lag anywhere (then no
     # status of it depends on time but REWOUND, which expires at a known time).
-    quiet_until = float("inf")
+    quiet_until = _NEVER_CHANGES
     for tp in partitions:
         committed = group_committed.get(tp)
-        key = (group, tp)
-        track = tracks.get(key)
+        track = tracks.get(tp)
         if committed is None:
             if track is not None:
                 lost.append(LostOffset(group, tp[0], tp[1], track.committed))
-                del tracks[key]
-            positions[tp] = GroupPosition(None, None, MISSING, None)
+                del tracks[tp]
+            positions[tp] = _MISSING_POSITION
             worst_rank = _MISSING_RANK
             continue
         end = ends[tp]
-        lag = (end - committed if end > committed else 0) if end is not None else None
-        history = histories.get(tp)
-        seconds, exact = (None, True)
-        if lag is not None and history is not None:
-            seconds, exact = history.lag(committed, now) if lag else (0.0, True)
+        seconds: float | None
+        if end is None:
+            lag = seconds = None
+            exact = True
+        elif end > committed:
+            lag = end - committed
+            history = histories.get(tp)
+            if history is None:
+                seconds, exact = None, True
+            else:
+                seconds, exact = history.lag(committed, now)
+        else:
+            lag, seconds, exact = 0, (None if histories.get(tp) is None else 0.0), True
         if track is None:
-            track = tracks[key] = Track(committed, now, lag, seconds, end)
+            track = tracks[tp] = Track(committed, now, lag, seconds, end)
         elif committed != track.committed:
             if committed < track.committed:
                 rewinds.append(Rewind(group, tp[0], tp[1], track.committed, committed))
@@ -235,37 +255,51 @@ def evaluate_group(
         # Status, most severe first (see SEVERITY). Stalled: it has had lag, and not
         # committed, for stall_after (lag that just appeared on an idle partition is not
         # a stall, however long ago the group last committed).
-        stalled_for = now - track.moved_at
-        if seconds is not None:
-            stalled_for = min(stalled_for, seconds)
-        rewound = track.rewound_at is not None and now - track.rewound_at < rewind_window
-        if lag and stalled_for >= stall_after:
-            status = STALLED
-        elif rewound:
-            status = REWOUND
-        elif track.lagging(lag, seconds, now, lag_window, lag_threshold):
-            status = LAGGING
-        elif seconds is not None and seconds > behind_after:
-            status = BEHIND
+        rewound_at = track.rewound_at
+        rewound = rewound_at is not None and now - rewound_at < rewind_window
+        trend = track.trend
+        if lag:
+            stalled_for = now - track.moved_at
+            if seconds is not None and seconds < stalled_for:
+                stalled_for = seconds
+            stalled = stalled_for >= stall_after
         else:
-            status = OK
-        if lag != 0 or (track.trend and track.trend[-1].high != 0):
-            quiet_until = float("-inf")  # its status may change with time alone
+            stalled = False
+        if stalled:
+            rank = _STALLED_RANK
         elif rewound:
-            assert track.rewound_at is not None
-            quiet_until = min(quiet_until, track.rewound_at + rewind_window)
-        positions[tp] = GroupPosition(
-            committed, lag, status, track.moved_at + shift, seconds, exact
-        )
+            rank = _REWOUND_RANK
+        elif (
+            # lagging needs a lag older than the threshold, after a commit or now
+            trend
+            and (
+                ((latest := trend[-1][_SECONDS]) is not None and latest > lag_threshold)
+                or (seconds is not None and seconds > lag_threshold)
+            )
+            and track.lagging(lag, seconds, now, lag_window, lag_threshold)
+        ):
+            rank = _LAGGING_RANK
+        elif seconds is not None and seconds > behind_after:
+            rank = _BEHIND_RANK
+        else:
+            rank = _OK_RANK
+        if lag != 0 or (trend and trend[-1][_HIGH] != 0):
+            quiet_until = _ALWAYS_CHANGES  # its status may change with time alone
+        elif rewound:
+            assert rewound_at is not None
+            if rewound_at + rewind_window < quiet_until:
+                quiet_until = rewound_at + rewind_window
+        positions[tp] = (committed, lag, rank, track.moved_at + shift, seconds, exact)
         if lag is not None:
             lag_total += lag
         if seconds is not None:
-            lag_seconds = max(lag_seconds or 0.0, round(seconds, 3))
+            rounded = round(seconds, 3) if seconds else 0.0
+            if lag_seconds is None or rounded > lag_seconds:
+                lag_seconds = rounded
         if keep_highest and (end is None or track.highest <= end):
             effective[tp] = track.highest
         else:
             effective[tp] = committed
-        rank = _RANK[status]
         if rank < worst_rank:
             worst_rank = rank
     return GroupResult(

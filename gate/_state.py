@@ -6,7 +6,7 @@ here computes anything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, NamedTuple
@@ -87,6 +87,39 @@ class GroupPosition(NamedTuple):
     lag_exact: bool = True
     """False when coarse: the record is older than the gate's history (a lower bound), or
     the samples around it are far apart for its age."""
+
+
+Position = tuple[int | None, int | None, int, float | None, float | None, bool]
+"""A :class:`GroupPosition` as the evaluation keeps it: a plain tuple with the status's rank
+in :data:`SEVERITY`. The collector stops tracking plain tuples of numbers (not named tuples,
+nor tuples holding an enum member), and a gate keeps one per group and partition: at 1,000
+groups on 64 partitions, full collections over them cost more than the evaluation itself."""
+
+
+class GroupPositions(Mapping[str, GroupPosition]):
+    """A partition's groups and their positions, built from the evaluation's
+    :data:`Position` tuples when asked for (most polls, nobody asks)."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self, kept: Mapping[str, Position]) -> None:
+        self._kept = kept
+
+    def __getitem__(self, group: str) -> GroupPosition:
+        committed, lag, rank, moved_at, seconds, exact = self._kept[group]
+        return GroupPosition(committed, lag, SEVERITY[rank], moved_at, seconds, exact)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __contains__(self, group: object) -> bool:
+        return group in self._kept
+
+    def __repr__(self) -> str:
+        return f"GroupPositions({dict(self)!r})"
 
 
 class GroupLag(NamedTuple):

@@ -36,11 +36,12 @@ from gate._group import GroupResult, StatusPolicy, Track, evaluate_group
 from gate._lag import EndHistory
 from gate._state import (
     GateState,
-    GroupPosition,
+    GroupPositions,
     LogReset,
     LostOffset,
     PartitionState,
     PollResult,
+    Position,
     Rewind,
 )
 from gate._verdict import judge
@@ -72,7 +73,7 @@ class GateEvaluator:
     """Versions start above this (e.g. the version found in Redis at start)."""
     dependent: str | None = None
     """The dependent's own consumer group (its progress is shown against the watermark)."""
-    _tracks: dict[tuple[str, Partition], Track] = field(default_factory=dict, repr=False)
+    _tracks: dict[str, dict[Partition, Track]] = field(default_factory=dict, repr=False)
     _ends: dict[Partition, EndHistory] = field(default_factory=dict, repr=False)
     _marks: dict[Partition, tuple[int | None, float]] = field(default_factory=dict, repr=False)
     incremental: bool = True
@@ -82,7 +83,7 @@ class GateEvaluator:
     _last: GateState | None = field(default=None, repr=False)
     _seen: _Seen | None = field(default=None, repr=False)
     _evaluated: dict[str, GroupResult] = field(default_factory=dict, repr=False)
-    _positions: dict[Partition, dict[str, GroupPosition]] = field(default_factory=dict, repr=False)
+    _positions: dict[Partition, dict[str, Position]] = field(default_factory=dict, repr=False)
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
     """The most partitions seen per topic: fewer now means partitions do not exist."""
 
@@ -109,8 +110,8 @@ class GateEvaluator:
             resets.append(LogReset(tp[0], tp[1], before, after))
             del self._ends[tp]
             self._marks.pop(tp, None)
-            for group in self.groups:
-                self._tracks.pop((group, tp), None)
+            for tracks in self._tracks.values():
+                tracks.pop(tp, None)
         for tp in partitions:
             end = end_offsets.get(tp)
             if end is not None:
@@ -165,7 +166,7 @@ class GateEvaluator:
             ):
                 continue
             moved[group] = evaluate_group(
-                self._tracks,
+                self._tracks.setdefault(group, {}),
                 self._ends,
                 self.policy,
                 group,
@@ -186,20 +187,23 @@ class GateEvaluator:
             changed = partitions
         else:
             positions = self._positions
-            changes: dict[Partition, dict[str, GroupPosition]] = {}
+            changes: dict[Partition, dict[str, Position]] = {}
+            offsets_moved: dict[Partition, None] = {}
             for group, result in moved.items():
+                before = evaluated[group].effective
+                after = result.effective
                 for tp, position in result.positions.items():
-                    if positions[tp].get(group) != position or (
-                        result.effective.get(tp) != evaluated[group].effective.get(tp)
-                    ):
+                    if positions[tp].get(group) != position:
                         changes.setdefault(tp, {})[group] = position
+                    if after.get(tp) != before.get(tp):
+                        offsets_moved[tp] = None
             positions = dict(positions)
             for tp, changed_here in changes.items():
                 positions[tp] = {**positions[tp], **changed_here}  # copied: states share them
-            changed = list(changes)
+            changed = list(offsets_moved)
         evaluated.update(moved)
         self._positions = positions
-        # Watermarks and holding groups anew where a position or an offset changed; elsewhere
+        # Watermarks and holding groups anew where an offset that counts changed; elsewhere
         # those of the previous state (not fresh: the partitions and their ends are the same).
         effective = {group: evaluated[group].effective for group in self.groups}
         watermarks = compute_watermarks(changed, effective)
@@ -247,7 +251,7 @@ class GateEvaluator:
                 end,
                 watermark,
                 holding,
-                positions[tp],
+                GroupPositions(positions[tp]),
                 mark[1] + shift,
                 waiting_seconds,
                 dependent.get(tp),
