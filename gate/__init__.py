@@ -22,10 +22,12 @@ _WHERE = {
     "snapshot_from_hash": "gate._redis",
     "updates_channel": "gate._redis",
     "watermarks_key": "gate._redis",
+    "make_poller": "gate._poller",
     "GateService": "gate._service",
     "StartupError": "gate._service",
     "DependencyStatus": "gate._state",
     "GateState": "gate._state",
+    "KafkaLog": "gate._kafkalog",
     "PollResult": "gate._state",
     "Verdict": "gate._state",
     "GateEvaluator": "gate._status",
@@ -40,6 +42,8 @@ _WHERE = {
 if TYPE_CHECKING:
     from gate._config import ConfigError, GateConfig, GateSpec, load_config, parse_config
     from gate._group import StatusPolicy
+    from gate._kafkalog import KafkaLog
+    from gate._poller import make_poller
     from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
     from gate._service import GateService, StartupError
     from gate._state import DependencyStatus, GateState, PollResult, Verdict
@@ -64,6 +68,7 @@ __all__ = [
     "GateService",
     "GateSpec",
     "GateState",
+    "KafkaLog",
     "Partition",
     "PollResult",
     "Snapshot",
@@ -74,6 +79,7 @@ __all__ = [
     "compute_watermarks",
     "is_released",
     "load_config",
+    "make_poller",
     "parse_config",
     "snapshot_from_hash",
     "updates_channel",

@@ -22,7 +22,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from gate._kafkalog import KafkaLog
+from gate import KafkaLog
 from sdk import _collector
 from sdk._commits import Committer
 from sdk._core import WorkCore

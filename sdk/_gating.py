@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from gate._watermark import Snapshot
+from gate import Snapshot
 from sdk._view import GateError, WatermarkSource, WatermarkView
 
 log = logging.getLogger("sdk.gate")

@@ -22,7 +22,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from gate._kafkalog import KafkaLog
+from gate import KafkaLog
 from sdk._offsets import OffsetMapError, Ranges, parse_base, read_offset_map
 from sdk._options import CONSUMER_ONLY, Options
 from sdk._partition import TP

@@ -17,8 +17,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
-from gate._watermark import Snapshot, SnapshotError
+from gate import Snapshot, SnapshotError, snapshot_from_hash, updates_channel, watermarks_key
 from sdk._options import CONSUMER_ONLY
 from sdk._view import GateError, SourceState, WatermarkView
 
@@ -344,7 +343,7 @@ class EmbeddedSource(_ThreadSource):
 
     def start(self, view: WatermarkView) -> None:
         """Builds the admin client first, so a bad configuration fails here, clearly."""
-        from gate._poller import make_poller
+        from gate import make_poller
 
         try:
             self._poller = make_poller(

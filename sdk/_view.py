@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gate._watermark import Snapshot, SnapshotError
+from gate import Snapshot, SnapshotError
 
 log = logging.getLogger("sdk.gate")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gate._watermark import Snapshot
+from gate import Snapshot
 from sdk.spark._settings import EARLIEST, LATEST, NAME, Offsets, SourceOptionError
 
 Partitions = dict[str, list[int]]  # topic -> its partitions the options select

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from pyspark.sql.datasource import InputPartition
 
-from gate._watermark import Snapshot
+from gate import Snapshot
 from sdk.spark._settings import NAME
 
 Offsets = dict[str, dict[str, int]]

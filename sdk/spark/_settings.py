@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException
 
-from gate._kafkalog import KafkaLog
+from gate import KafkaLog
 from sdk._options import CONSUMER_ONLY
 
 LOG = KafkaLog("sdk.spark.kafka")

@@ -24,7 +24,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from gate._watermark import Snapshot
+from gate import Snapshot
 from sdk.spark._bounds import Partitions, at_times, gated_end, starting, wanted_times
 from sdk.spark._plan import (
     OffsetRange,
