@@ -11,13 +11,14 @@
 3. **poll**: whole poll cycles (the poller's admin calls, then the evaluation) for
    ``--groups`` groups x 64 partitions, interleaved with the bare admin calls any poller must
    make (targets: p50 within 1.2x of the bare calls; <= 100 ms at 200 groups, <= 500 ms at
-   1,000).
+   1,000); with ``--idle-poll-interval``, how many groups each cycle still reads.
 4. **ready**: ``/ready`` p99 under load from a service that also polls and evaluates a gate
-   of ``--groups`` groups every second, against one serving the small gate alone (target:
+   of ``--groups`` groups every second, against one serving the small gate alone, first while
+   nothing moves in the fleet, then while records arrive on all its partitions (target:
    within 1.2x).
 
 Run: ``make bench`` or ``python -m bench.gate_bench [--quick] [--groups N] [--broker noida|tansu] [--isolated]
-[--only http|evaluation|poll|ready]``.
+[--idle-poll-interval SECONDS] [--only http|evaluation|poll|ready]``.
 """
 
 from __future__ import annotations
@@ -308,6 +309,7 @@ def poll_bench(
     partitions: int,
     cycles: int,
     isolated: bool = False,
+    idle_interval: float = 0.0,
 ) -> dict:
     """Whole poll cycles (the poller's admin calls, then the evaluation) interleaved with the
     bare admin calls, on a topic nobody writes to (as most of a fleet's groups: caught up)."""
@@ -318,14 +320,17 @@ def poll_bench(
     # ``gate serve`` runs the admin client in a child process (IsolatedPoller); the SDK's
     # embedded source with callables in its configuration runs it in-process (OffsetPoller).
     poller = (IsolatedPoller if isolated else OffsetPoller)(
-        {"bootstrap.servers": bootstrap}, {g: [topic] for g in names}, request_timeout=10
+        {"bootstrap.servers": bootstrap},
+        {g: [topic] for g in names},
+        request_timeout=10,
+        idle_interval=idle_interval,
     )
     bare = BareCalls(bootstrap, topic, names, partitions)
     evaluator = GateEvaluator("a", [topic], names)
     for _ in range(3):  # warm up (metadata, connections)
         evaluator.observe(poller.poll())
         bare()
-    total, admin, evaluate, baseline, evaluated = [], [], [], [], []
+    total, admin, evaluate, baseline, evaluated, read = [], [], [], [], [], []
     assert broker.process is not None
     broker_cpu = cpu_seconds(broker.process.pid)
     poll_cpu = evaluate_cpu = 0.0
@@ -347,6 +352,7 @@ def poll_bench(
         admin.append(polled - started)
         evaluate.append(done - polled)
         evaluated.append(state.evaluated)
+        read.append(len(poll.committed) - len(poll.carried))
     if isinstance(poller, IsolatedPoller):
         poller.close()
     stats = {
@@ -383,7 +389,9 @@ def poll_bench(
     )
     console.print(
         f"whole cycle / bare admin calls (p50): {ratio:.2f}; groups evaluated again per "
-        f"cycle (median): {statistics.median(evaluated):.0f} of {groups}"
+        f"cycle (median): {statistics.median(evaluated):.0f} of {groups}; groups read per "
+        f"cycle (mean): {statistics.mean(read):.1f}"
+        + (f" (idle groups read every {idle_interval:g} s)" if idle_interval else "")
     )
     return {
         "broker": name,
@@ -393,6 +401,8 @@ def poll_bench(
         **cpu,
         "cycle_vs_bare": round(ratio, 3),
         "groups_evaluated_median": statistics.median(evaluated),
+        "groups_read_mean": statistics.mean(read),
+        "idle_interval_s": idle_interval,
     }
 
 
@@ -483,6 +493,14 @@ def main() -> None:
         "then not counted as the gate's)",
     )
     parser.add_argument("--broker", choices=["noida", "tansu"], default="noida")
+    parser.add_argument(
+        "--idle-poll-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="poll: read idle, caught-up groups this often (idle_poll_interval_ms; default 0: "
+        "every poll reads every group)",
+    )
     args = parser.parse_args()
     wanted = {args.only} if args.only else {"http", "poll", "evaluation", "ready"}
     if wanted & {"http", "ready"} and shutil.which("wrk") is None:
@@ -518,6 +536,7 @@ def main() -> None:
                     64,
                     cycles=20 if args.quick else 100,
                     isolated=args.isolated,
+                    idle_interval=args.idle_poll_interval,
                 )
                 verdict.append(
                     (
@@ -549,6 +568,8 @@ def main() -> None:
         name += f"-{args.broker}-{args.groups}"
     if args.isolated:
         name += "-isolated"
+    if args.idle_poll_interval:
+        name += f"-idle{args.idle_poll_interval:g}"
     write(name, results)
     table("Targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in verdict])
 

@@ -137,6 +137,12 @@ class GateConfig(_Strict):
     kafka: dict[str, KafkaValue]
     """librdkafka properties passed to the admin client as they are (SASL/SSL included)."""
     poll_interval_ms: int = Field(default=1000, ge=10, le=600_000)
+    idle_poll_interval_ms: int = Field(default=0, ge=0, le=600_000)
+    """0: every poll reads every group. Otherwise a group whose last read found it at the end
+    of every partition it is read on is not read again for this long while it stays there
+    (no record arrives past it); its last read counts meanwhile. Records that arrive wake it
+    in the same poll, so no watermark rises on an old read; a rewind or lost offsets of an
+    idle group are seen up to this late."""
     metadata_interval_ms: int = Field(default=10_000, ge=10)
     """How often partition counts are refreshed (added partitions are picked up then)."""
     request_timeout_ms: int = Field(default=5_000, ge=100)
@@ -204,6 +210,7 @@ def _kafka_value(value: KafkaValue) -> str:
 ENV_OVERRIDES: Mapping[str, tuple[str, ...]] = {
     "GATE_BOOTSTRAP_SERVERS": ("kafka", "bootstrap.servers"),
     "GATE_POLL_INTERVAL_MS": ("poll_interval_ms",),
+    "GATE_IDLE_POLL_INTERVAL_MS": ("idle_poll_interval_ms",),
     "GATE_REDIS_URL": ("redis", "url"),
     "GATE_REDIS_PREFIX": ("redis", "prefix"),
     "GATE_REDIS_PASSWORD": ("redis", "password"),

@@ -66,6 +66,18 @@ class GateMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=registry,
         )
+        self.groups_read = Gauge(
+            "gate_poll_groups_read",
+            "Groups whose offsets the last poll read; the others were idle and caught up, their "
+            "last read carried (idle_poll_interval_ms).",
+            registry=registry,
+        )
+        self.groups_carried = Gauge(
+            "gate_poll_groups_carried",
+            "Groups whose offsets the last poll carried from an earlier read (idle and caught "
+            "up: idle_poll_interval_ms).",
+            registry=registry,
+        )
         self.poll_overruns = Counter(
             "gate_poll_overruns",
             "Poll cycles (poll and evaluation) that took longer than the poll interval: the "

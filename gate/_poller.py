@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, wait
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -48,6 +48,7 @@ class OffsetPoller:
         metadata_interval: float = 10.0,
         admin: AdminClient | None = None,
         rebuild_after: float | None = None,
+        idle_interval: float = 0.0,
     ) -> None:
         self._properties = dict(properties)
         self._admin = admin or self._new_admin()
@@ -65,16 +66,19 @@ class OffsetPoller:
         self._groups_failing_since: float | None = None
         self._answered = False  # whether the last read the cluster was asked was answered
         self.rebuilds = 0
+        self._idle_interval = idle_interval
+        self._reads: dict[str, _Read] = {}  # each group's last successful read
+        self._ends: dict[Partition, int] = {}  # the end offsets of the last poll
 
     def _new_admin(self) -> AdminClient:
         return AdminClient(dict(self._properties), logger=KafkaLog("gate.kafka"))
 
-    def _note_group_reads(self, failed: set[str], now: float) -> str | None:
+    def _note_group_reads(self, asked: int, failed: set[str], now: float) -> str | None:
         """After a broker restart librdkafka's admin client can keep timing out on group
-        requests for good (end offsets and metadata still answer): when every group read has
-        failed for ``rebuild_after`` seconds, start again with a new client (returns what
-        it did, for the poll's errors)."""
-        if not self._requests or len(failed) < len(self._requests):
+        requests for good (end offsets and metadata still answer): when every group read
+        asked has failed for ``rebuild_after`` seconds, start again with a new client
+        (returns what it did, for the poll's errors)."""
+        if not asked or len(failed) < asked:
             self._groups_failing_since = None
             return None
         if self._groups_failing_since is None:
@@ -117,6 +121,52 @@ class OffsetPoller:
             TopicPartition(t, p): OffsetSpec.latest() for t, n in counts.items() for p in range(n)
         }
         self._requests_for = dict(counts)
+        self._reads.clear()  # the partitions asked changed: every group is read afresh
+
+    def _caught_up(self, group: str, ends: Mapping[Partition, int]) -> bool:
+        """Whether the group's last read had it at the end of every partition it is read on,
+        by ``ends``."""
+        read = self._reads.get(group)
+        if read is None:
+            return False
+        offsets = read.offsets
+        for request in self._requests[group]:
+            for tp in request.topic_partitions:
+                key = (tp.topic, tp.partition)
+                offset, end = offsets.get(key), ends.get(key)
+                if offset is None or end is None or offset < end:
+                    return False
+        return True
+
+    def _idle(self, now: float) -> set[str]:
+        """Groups that need not be read in the poll starting at ``now``: read within
+        ``idle_interval``, and caught up at the end offsets the last poll saw. Whether they are
+        still caught up at this poll's is checked once its end offsets are in."""
+        if self._idle_interval <= 0:
+            return set()
+        return {
+            group
+            for group, read in self._reads.items()
+            if now - read.at < self._idle_interval and self._caught_up(group, self._ends)
+        }
+
+    def _ask(
+        self, groups: Sequence[str], errors: list[str], failed_groups: set[str]
+    ) -> dict[str, Future]:
+        """Issue the offset requests of ``groups`` at once (a request refused on the spot
+        fails its group)."""
+        futures: dict[str, Future] = {}
+        for group in groups:
+            try:
+                answer = self._admin.list_consumer_group_offsets(
+                    self._requests[group], request_timeout=self._timeout
+                )
+            except KafkaException as exc:
+                failed_groups.add(group)
+                errors.append(f"group {group}: {describe_kafka_error(exc)}")
+                continue
+            futures[group] = answer[group]
+        return futures
 
     def poll(self) -> PollResult:
         started_at, started = time.time(), time.monotonic()
@@ -136,19 +186,11 @@ class OffsetPoller:
         if counts != self._requests_for:
             self._build_requests(counts)
 
-        group_futures: dict[str, Future] = {}
         failed_groups: set[str] = set()
-        for group, request in self._requests.items():
-            asked = True
-            try:
-                futures = self._admin.list_consumer_group_offsets(
-                    request, request_timeout=self._timeout
-                )
-            except KafkaException as exc:
-                failed_groups.add(group)
-                errors.append(f"group {group}: {describe_kafka_error(exc)}")
-                continue
-            group_futures[group] = futures[group]
+        idle = self._idle(started)
+        asked_groups = [group for group in self._requests if group not in idle]
+        group_futures = self._ask(asked_groups, errors, failed_groups)
+        asked = asked or bool(asked_groups)
 
         end_futures: dict[TopicPartition, Future] = {}
         if self._end_request:
@@ -162,21 +204,6 @@ class OffsetPoller:
 
         wait([*group_futures.values(), *end_futures.values()], timeout=self._timeout + 1.0)
 
-        committed: dict[str, dict[Partition, int]] = {}
-        for group, future in group_futures.items():
-            try:
-                result = future.result(timeout=0)
-            except Exception as exc:  # a failed or timed-out request: keep the last snapshot
-                failed_groups.add(group)
-                errors.append(f"group {group}: {describe_kafka_error(exc)}")
-                continue
-            offsets: dict[Partition, int] = {}
-            for tp in result.topic_partitions:
-                if tp.error is None and tp.offset >= 0:
-                    offsets[(tp.topic, tp.partition)] = tp.offset
-            committed[group] = offsets
-            answered = True
-
         end_offsets: dict[Partition, int] = {}
         end_error: str | None = None
         for tp, future in end_futures.items():
@@ -186,12 +213,46 @@ class OffsetPoller:
                 end_error = end_error or f"end offsets: {describe_kafka_error(exc)}"
         if end_error:
             errors.append(end_error)
+        self._ends = end_offsets
+
+        # Idle groups are read after all when records arrived past them (or an end is unknown):
+        # the offsets that count for a watermark never come from a read older than the records.
+        woken = [group for group in idle if not self._caught_up(group, end_offsets)]
+        if woken:
+            more = self._ask(woken, errors, failed_groups)
+            wait(more.values(), timeout=self._timeout + 1.0)
+            group_futures.update(more)
+            asked_groups += woken
+
+        committed: dict[str, dict[Partition, int]] = {}
+        carried: dict[str, float] = {}
+        for group, future in group_futures.items():
+            try:
+                result = future.result(timeout=0)
+            except Exception as exc:  # a failed or timed-out request: keep the last snapshot
+                failed_groups.add(group)
+                errors.append(f"group {group}: {describe_kafka_error(exc)}")
+                self._reads.pop(group, None)  # read again at the next poll
+                continue
+            offsets: dict[Partition, int] = {}
+            for tp in result.topic_partitions:
+                if tp.error is None and tp.offset >= 0:
+                    offsets[(tp.topic, tp.partition)] = tp.offset
+            committed[group] = offsets
+            self._reads[group] = _Read(offsets, started, started_at)
+            answered = True
+        for group in self._requests:
+            if group not in committed and group not in failed_groups:
+                read = self._reads[group]  # idle, and still caught up
+                committed[group] = read.offsets
+                carried[group] = read.wall
+
         answered = answered or bool(end_offsets)
         if asked:
             self._answered = answered
 
         self._admin.poll(0)  # delivers librdkafka's log lines to the Python logger
-        rebuilt = self._note_group_reads(failed_groups, time.monotonic())
+        rebuilt = self._note_group_reads(len(asked_groups), failed_groups, time.monotonic())
         if rebuilt:
             log.warning("%s", rebuilt)
             errors.append(rebuilt)
@@ -206,7 +267,18 @@ class OffsetPoller:
             errors=tuple(errors),
             answered=self._answered,
             monotonic=started,
+            carried=carried,
         )
+
+
+class _Read(NamedTuple):
+    """A group's committed offsets as one poll read them."""
+
+    offsets: dict[Partition, int]
+    at: float
+    """When that poll started (monotonic clock)."""
+    wall: float
+    """The same, on the wall clock."""
 
 
 def describe_kafka_error(exc: BaseException) -> str:
@@ -240,14 +312,18 @@ class IsolatedPoller:
         *,
         request_timeout: float = 5.0,
         metadata_interval: float = 10.0,
+        idle_interval: float = 0.0,
     ) -> None:
         # Invalid properties fail here, in the caller, with librdkafka's own message.
         AdminClient(dict(properties), logger=KafkaLog("gate.kafka"))
         self._args = (
             dict(properties),
             {g: list(ts) for g, ts in topics_by_group.items()},
-            request_timeout,
-            metadata_interval,
+            {
+                "request_timeout": request_timeout,
+                "metadata_interval": metadata_interval,
+                "idle_interval": idle_interval,
+            },
         )
         self._groups = frozenset(topics_by_group)
         self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
@@ -377,19 +453,15 @@ def make_poller(
     *,
     request_timeout: float = 5.0,
     metadata_interval: float = 10.0,
+    idle_interval: float = 0.0,
 ) -> OffsetPoller | IsolatedPoller:
     """An isolated poller when the configuration can cross to a child process, else one in
     this process (a configuration with callables, such as ``oauth_cb``)."""
-    if any(callable(value) for value in properties.values()):
-        return OffsetPoller(
-            properties,
-            topics_by_group,
-            request_timeout=request_timeout,
-            metadata_interval=metadata_interval,
-        )
-    return IsolatedPoller(
+    poller = OffsetPoller if any(callable(v) for v in properties.values()) else IsolatedPoller
+    return poller(
         properties,
         topics_by_group,
         request_timeout=request_timeout,
         metadata_interval=metadata_interval,
+        idle_interval=idle_interval,
     )

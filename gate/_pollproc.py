@@ -30,13 +30,8 @@ def main() -> None:
     )
     from gate._poller import OffsetPoller
 
-    properties, topics_by_group, request_timeout, metadata_interval = read_frame(requests)
-    poller = OffsetPoller(
-        properties,
-        topics_by_group,
-        request_timeout=request_timeout,
-        metadata_interval=metadata_interval,
-    )
+    properties, topics_by_group, options = read_frame(requests)
+    poller = OffsetPoller(properties, topics_by_group, **options)
     sent: dict[str, dict[Partition, int]] = {}  # each group's offsets as last sent
     while True:
         try:

@@ -69,6 +69,12 @@ class GroupSummary(BaseModel):
         description="Seconds since its committed offset last moved on a partition where it "
         "has lag (null: it has lag nowhere)."
     )
+    offsets_age_s: float | None = Field(
+        default=None,
+        description="Seconds since its offsets shown were read, when the last poll carried "
+        "them from an earlier read (idle and caught up: idle_poll_interval_ms); null: the "
+        "last poll read them.",
+    )
 
 
 class DependentSummary(BaseModel):
@@ -275,6 +281,7 @@ def gate_summary(
             "lag_s": None if oldest is None else round(oldest, 3),
             "lag_s_exact": all(x.lag_exact for x in lags if x.lag_seconds == oldest),
             "unmoved_s": round(max(unmoved), 3) if unmoved else None,
+            "offsets_age_s": _age(state.carried.get(group), now),
         }
     dependent = None
     if state.dependent:

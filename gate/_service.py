@@ -115,6 +115,7 @@ class GateService:
         options = {
             "request_timeout": config.request_timeout_ms / 1000,
             "metadata_interval": config.metadata_interval_ms / 1000,
+            "idle_interval": config.idle_poll_interval_ms / 1000,
         }
         try:
             if self._admin is not None:
@@ -199,6 +200,8 @@ class GateService:
         self.last_poll = poll
         self.metrics.polls.inc()
         self.metrics.poll_duration.observe(poll.duration)
+        self.metrics.groups_carried.set(len(poll.carried))
+        self.metrics.groups_read.set(len(poll.committed) - len(poll.carried))
         states: list[GateState] = []
         failing: dict[str, tuple[str, ...]] = {}
         evaluating = time.perf_counter()

@@ -68,6 +68,10 @@ class PollResult:
     monotonic: float | None = None
     """When the poll started, on the monotonic clock: what durations are measured on (None:
     ``started_at`` stands for it)."""
+    carried: Mapping[str, float] = field(default_factory=dict)
+    """Groups whose offsets in ``committed`` this poll did not read but carried from their
+    last read (idle and caught up: see ``idle_poll_interval_ms``), and when that read's poll
+    started (wall clock)."""
 
     @property
     def duration(self) -> float:
@@ -270,6 +274,9 @@ class GateState:
     """Each dependency group's lag over all partitions."""
     evaluated: int = 0
     """Groups the poll evaluated again (the others kept their positions: nothing moved)."""
+    carried: Mapping[str, float] = field(default_factory=dict)
+    """Dependency groups whose offsets the poll carried from an earlier read, and when that
+    read was (wall clock; see :attr:`PollResult.carried`)."""
 
     @property
     def gate(self) -> str:

@@ -285,6 +285,7 @@ class GateEvaluator:
             monotonic=poll.monotonic,
             group_lags={group: evaluated[group].lag for group in self.groups},
             evaluated=len(moved),
+            carried={g: poll.carried[g] for g in self.groups if g in poll.carried},
         )
         self._last = state
         return state

@@ -53,6 +53,11 @@ def _gate(config: dict[str, Any]) -> str:
 BREAKAGES: list[tuple[str, Any, Any]] = [
     ("poll_interval_ms", st.sampled_from(["fast", -1, 0, 5, 10**9, None]), "poll_interval_ms"),
     ("metadata_interval_ms", st.sampled_from(["x", 0, -5]), "metadata_interval_ms"),
+    (
+        "idle_poll_interval_ms",
+        st.sampled_from(["often", -1, 10**9, None]),
+        "idle_poll_interval_ms",
+    ),
     ("gates", st.sampled_from([{}, [], "service-a", None]), "gates"),
     ("kafka", st.sampled_from([{}, {"bootstrap.servers": ""}, "kafka:9092", None]), "kafka"),
     ("redis", st.sampled_from([{"url": "http://redis"}, {"url": 5}, {}]), "redis"),
