@@ -139,10 +139,11 @@ class GateConfig(_Strict):
     poll_interval_ms: int = Field(default=1000, ge=10, le=600_000)
     idle_poll_interval_ms: int = Field(default=0, ge=0, le=600_000)
     """0: every poll reads every group. Otherwise a group whose last read found it at the end
-    of every partition it is read on is not read again for this long while it stays there
-    (no record arrives past it); its last read counts meanwhile. Records that arrive wake it
-    in the same poll, so no watermark rises on an old read; a rewind or lost offsets of an
-    idle group are seen up to this late."""
+    of every partition it is read on is not read again for up to this long while it stays
+    there (no record arrives past it; each group is read again at a random point of the
+    interval's second half, so reads spread over polls); its last read counts meanwhile.
+    Records that arrive wake it in the same poll, so no watermark rises on an old read; a
+    rewind or lost offsets of an idle group are seen up to this late."""
     metadata_interval_ms: int = Field(default=10_000, ge=10)
     """How often partition counts are refreshed (added partitions are picked up then)."""
     request_timeout_ms: int = Field(default=5_000, ge=100)

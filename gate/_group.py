@@ -205,8 +205,9 @@ def evaluate_group(
     when all of it holds while its offsets and the end offsets stay as they are.
 
     It runs for every group on every partition whenever records arrive, so it is written for
-    speed: positions are plain tuples (:data:`gate._state.Position`), and the common case
-    (caught up, moving forward) calls nothing but the dictionaries' methods."""
+    speed: positions are plain tuples (:data:`gate._state.Position`), nothing is looked up
+    twice, and the lag trend is judged only when a lag older than its threshold makes
+    LAGGING possible."""
     keep_highest = policy.rewind_policy == "keep_highest"
     stall_after = policy.stall_after
     rewind_window = policy.rewind_window

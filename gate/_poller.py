@@ -13,6 +13,7 @@ import ctypes
 import dataclasses
 import logging
 import pickle
+import random
 import select
 import signal
 import subprocess
@@ -147,7 +148,7 @@ class OffsetPoller:
         return {
             group
             for group, read in self._reads.items()
-            if now - read.at < self._idle_interval and self._caught_up(group, self._ends)
+            if now < read.due and self._caught_up(group, self._ends)
         }
 
     def _ask(
@@ -239,7 +240,8 @@ class OffsetPoller:
                 if tp.error is None and tp.offset >= 0:
                     offsets[(tp.topic, tp.partition)] = tp.offset
             committed[group] = offsets
-            self._reads[group] = _Read(offsets, started, started_at)
+            due = started + self._idle_interval * random.uniform(0.5, 1.0)
+            self._reads[group] = _Read(offsets, due, started_at)
             answered = True
         for group in self._requests:
             if group not in committed and group not in failed_groups:
@@ -275,10 +277,12 @@ class _Read(NamedTuple):
     """A group's committed offsets as one poll read them."""
 
     offsets: dict[Partition, int]
-    at: float
-    """When that poll started (monotonic clock)."""
+    due: float
+    """When (monotonic clock) it is read again even if it stays idle: at a random point of the
+    second half of the idle interval after that poll started, so that the reads of groups
+    found idle together spread over polls instead of coming back all at once."""
     wall: float
-    """The same, on the wall clock."""
+    """When that poll started (wall clock)."""
 
 
 def describe_kafka_error(exc: BaseException) -> str:
