@@ -70,6 +70,7 @@ class OffsetPoller:
         self._idle_interval = idle_interval
         self._reads: dict[str, _Read] = {}  # each group's last successful read
         self._ends: dict[Partition, int] = {}  # the end offsets of the last poll
+        self._keys: dict[str, list[Partition]] = {}  # the partitions each group is read on
 
     def _new_admin(self) -> AdminClient:
         return AdminClient(dict(self._properties), logger=KafkaLog("gate.kafka"))
@@ -114,41 +115,45 @@ class OffsetPoller:
 
     def _build_requests(self, counts: Mapping[str, int]) -> None:
         self._requests = {}
+        self._keys = {}
         for group, topics in self._topics_by_group.items():
             wanted = [TopicPartition(t, p) for t in topics for p in range(counts.get(t, 0))]
             if wanted:
                 self._requests[group] = [ConsumerGroupTopicPartitions(group, wanted)]
+                self._keys[group] = [(tp.topic, tp.partition) for tp in wanted]
         self._end_request = {
             TopicPartition(t, p): OffsetSpec.latest() for t, n in counts.items() for p in range(n)
         }
         self._requests_for = dict(counts)
         self._reads.clear()  # the partitions asked changed: every group is read afresh
 
-    def _caught_up(self, group: str, ends: Mapping[Partition, int]) -> bool:
+    def _at_end(self, group: str, ends: Mapping[Partition, int]) -> bool:
         """Whether the group's last read had it at the end of every partition it is read on,
-        by ``ends``."""
+        by ``ends``; remembered with the read while the end offsets stay the same mapping."""
         read = self._reads.get(group)
         if read is None:
             return False
+        if read.ends is ends:
+            return True
         offsets = read.offsets
-        for request in self._requests[group]:
-            for tp in request.topic_partitions:
-                key = (tp.topic, tp.partition)
-                offset, end = offsets.get(key), ends.get(key)
-                if offset is None or end is None or offset < end:
-                    return False
+        for key in self._keys[group]:
+            offset, end = offsets.get(key), ends.get(key)
+            if offset is None or end is None or offset < end:
+                return False
+        self._reads[group] = read._replace(ends=ends)
         return True
 
     def _idle(self, now: float) -> set[str]:
-        """Groups that need not be read in the poll starting at ``now``: read within
-        ``idle_interval``, and caught up at the end offsets the last poll saw. Whether they are
-        still caught up at this poll's is checked once its end offsets are in."""
+        """Groups that need not be read in the poll starting at ``now``: not yet due, and
+        caught up at the end offsets the last poll saw. Whether they are still caught up at
+        this poll's is checked once its end offsets are in."""
         if self._idle_interval <= 0:
             return set()
+        ends = self._ends
         return {
             group
             for group, read in self._reads.items()
-            if now < read.due and self._caught_up(group, self._ends)
+            if now < read.due and self._at_end(group, ends)
         }
 
     def _ask(
@@ -214,11 +219,13 @@ class OffsetPoller:
                 end_error = end_error or f"end offsets: {describe_kafka_error(exc)}"
         if end_error:
             errors.append(end_error)
+        if end_offsets == self._ends:
+            end_offsets = self._ends  # the same mapping: idle groups are still at the end
         self._ends = end_offsets
 
         # Idle groups are read after all when records arrived past them (or an end is unknown):
         # the offsets that count for a watermark never come from a read older than the records.
-        woken = [group for group in idle if not self._caught_up(group, end_offsets)]
+        woken = [group for group in idle if not self._at_end(group, end_offsets)]
         if woken:
             more = self._ask(woken, errors, failed_groups)
             wait(more.values(), timeout=self._timeout + 1.0)
@@ -240,8 +247,9 @@ class OffsetPoller:
                 if tp.error is None and tp.offset >= 0:
                     offsets[(tp.topic, tp.partition)] = tp.offset
             committed[group] = offsets
-            due = started + self._idle_interval * random.uniform(0.5, 1.0)
-            self._reads[group] = _Read(offsets, due, started_at)
+            if self._idle_interval > 0:
+                due = started + self._idle_interval * random.uniform(0.5, 1.0)
+                self._reads[group] = _Read(offsets, due, started_at, None)
             answered = True
         for group in self._requests:
             if group not in committed and group not in failed_groups:
@@ -283,6 +291,8 @@ class _Read(NamedTuple):
     found idle together spread over polls instead of coming back all at once."""
     wall: float
     """When that poll started (wall clock)."""
+    ends: Mapping[Partition, int] | None
+    """End offsets it is known to be at the end of (None: not known yet)."""
 
 
 def describe_kafka_error(exc: BaseException) -> str:
