@@ -48,8 +48,9 @@ from rich.progress import track
 
 from bench._report import console, summary_ms, table, write
 from gate import GateEvaluator, PollResult
+from gate._isolated import IsolatedPoller
 from gate._local import LocalBroker, LocalNoida, free_port
-from gate._poller import IsolatedPoller, OffsetPoller
+from gate._poller import OffsetPoller
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:

@@ -22,7 +22,7 @@ _WHERE = {
     "snapshot_from_hash": "gate._redis",
     "updates_channel": "gate._redis",
     "watermarks_key": "gate._redis",
-    "make_poller": "gate._poller",
+    "make_poller": "gate._isolated",
     "GateService": "gate._service",
     "StartupError": "gate._service",
     "DependencyStatus": "gate._state",
@@ -42,8 +42,8 @@ _WHERE = {
 if TYPE_CHECKING:
     from gate._config import ConfigError, GateConfig, GateSpec, load_config, parse_config
     from gate._group import StatusPolicy
+    from gate._isolated import make_poller
     from gate._kafkalog import KafkaLog
-    from gate._poller import make_poller
     from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
     from gate._service import GateService, StartupError
     from gate._state import DependencyStatus, GateState, PollResult, Verdict

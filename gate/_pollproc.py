@@ -1,5 +1,5 @@
 """The admin client's own process: ``python -m gate._pollproc``, driven by
-:class:`~gate._poller.IsolatedPoller` over its standard input and output.
+:class:`~gate._isolated.IsolatedPoller` over its standard input and output.
 
 Frames are a 4-byte big-endian length and a pickle. The first frame from the parent holds the
 poller's arguments; then each ``"poll"`` is answered with a :class:`~gate._state.PollResult`

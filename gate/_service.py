@@ -13,8 +13,9 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from gate._config import GateConfig, GateSpec
+from gate._isolated import IsolatedPoller, make_poller
 from gate._metrics import GateMetrics
-from gate._poller import IsolatedPoller, OffsetPoller, describe_kafka_error, make_poller
+from gate._poller import OffsetPoller, describe_kafka_error
 from gate._publish import RedisPublisher, SnapshotStore
 from gate._state import GateState, PollResult
 from gate._status import GateEvaluator

@@ -465,7 +465,7 @@ def test_an_aborted_admin_client_costs_one_poll(kafka: Kafka) -> None:
     import os
     import signal
 
-    from gate._poller import IsolatedPoller
+    from gate._isolated import IsolatedPoller
 
     topic = kafka.create_topic(1)
     group = unique("CG")
@@ -493,7 +493,7 @@ def test_polls_through_the_child_process_stay_incremental(kafka: Kafka) -> None:
     a pipe's latency later, was taken). The child sends only the groups whose offsets
     changed."""
     from gate import GateEvaluator
-    from gate._poller import IsolatedPoller
+    from gate._isolated import IsolatedPoller
 
     topic = kafka.create_topic(2)
     groups = [unique("CG") for _ in range(3)]
@@ -527,7 +527,7 @@ def test_an_admin_client_whose_group_reads_keep_failing_is_replaced(
     good while metadata still answers: once every group read has failed for three request
     timeouts the poller starts a new client (and says so), and the gate reads the groups
     again."""
-    from gate._poller import IsolatedPoller
+    from gate._isolated import IsolatedPoller
 
     kafka = Kafka(local_broker.bootstrap, broker)
     topic, group = kafka.create_topic(1), unique("CG")

@@ -9,7 +9,8 @@ import time
 import httpx
 
 from gate import GateEvaluator, PollResult
-from gate._poller import IsolatedPoller, OffsetPoller
+from gate._isolated import IsolatedPoller
+from gate._poller import OffsetPoller
 from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 
 

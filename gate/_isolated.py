@@ -1,0 +1,204 @@
+"""The offset poller in a child process of its own (``python -m gate._pollproc``), so that
+librdkafka aborting the admin client's process ends only the child; and :func:`make_poller`,
+which picks it whenever the configuration can cross to a child process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from gate._frames import read_frame, write_frame
+from gate._kafkalog import KafkaLog
+from gate._poller import OffsetPoller
+from gate._state import PollResult
+from gate._watermark import Partition
+
+log = logging.getLogger("gate.poller")
+
+
+class IsolatedPoller:
+    """An :class:`OffsetPoller` in a child process of its own.
+
+    librdkafka's admin client can abort the whole process when a coordinator connection drops
+    in the middle of ``ListConsumerGroupOffsets`` (an assertion in
+    ``rd_kafka_enq_once_del_source_return``; librdkafka issues 3663 and 4605), which a broker
+    restart triggers. Here such an abort ends only the child: the poll is reported failed
+    (the last snapshot stays in force) and a new child takes over for the next poll.
+    The child is ``python -m gate._pollproc``: it never imports the caller's main module. The
+    configuration must be picklable (no callables); :func:`make_poller` falls back to an
+    in-process poller otherwise.
+    """
+
+    def __init__(
+        self,
+        properties: Mapping[str, Any],
+        topics_by_group: Mapping[str, Sequence[str]],
+        *,
+        request_timeout: float = 5.0,
+        metadata_interval: float = 10.0,
+        idle_interval: float = 0.0,
+    ) -> None:
+        # Invalid properties fail here, in the caller, with librdkafka's own message.
+        AdminClient(dict(properties), logger=KafkaLog("gate.kafka"))
+        self._args = (
+            dict(properties),
+            {g: list(ts) for g, ts in topics_by_group.items()},
+            {
+                "request_timeout": request_timeout,
+                "metadata_interval": metadata_interval,
+                "idle_interval": idle_interval,
+            },
+        )
+        self._groups = frozenset(topics_by_group)
+        self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
+        self._wait = 2 * request_timeout + 10.0
+        self._process: Any = None
+        self._closing = False
+        self.restarts = 0
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self._topics)
+
+    def _start(self) -> None:
+        self._received: dict[str, dict[Partition, int]] = {}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "gate._pollproc"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+        )
+        assert self._process.stdin is not None
+        write_frame(self._process.stdin, self._args)
+
+    def poll(self) -> PollResult:
+        started_at, started = time.time(), time.monotonic()
+        if self._process is None and not self._closing:
+            self._start()
+        process = self._process
+        if process is None:
+            return self._crashed(started_at, started, EOFError("closed"))
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            # The child's poll starts now: its clocks are its own, these count (read together,
+            # so the offset between the wall and monotonic clocks stays steady from poll to
+            # poll: the evaluation re-evaluates everything when it moves).
+            started_at, started = time.time(), time.monotonic()
+            write_frame(process.stdin, "poll")
+            ready, _, _ = select.select([process.stdout], [], [], self._wait)
+            if not ready:
+                raise TimeoutError(f"no answer in {self._wait:.0f}s")
+            result = read_frame(process.stdout)
+        except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
+            return self._crashed(started_at, started, exc)
+        if isinstance(result, BaseException):
+            raise result
+        result, same = result
+        # The child sends the groups whose offsets changed since its last answer; the others
+        # are the very mappings received before (one child's answers: a new child sends all).
+        received = self._received
+        received.update(result.committed)
+        committed = {g: received[g] for g in same}
+        committed.update(result.committed)
+        result = dataclasses.replace(result, committed=committed)
+        finished_at = started_at + max(0.0, result.finished_at - result.started_at)
+        return dataclasses.replace(
+            result, started_at=started_at, finished_at=finished_at, monotonic=started
+        )
+
+    def _crashed(self, started_at: float, started: float, exc: BaseException) -> PollResult:
+        process = self._process
+        code = process.poll() if process is not None else None
+        reason = f"exit code {code}" if code is not None else type(exc).__name__
+        if self._closing:
+            reason = "closed"
+        else:
+            log.error(
+                "the admin client's process ended (%s: librdkafka aborts when a coordinator "
+                "connection drops mid-request); starting a new one, the last snapshot stays",
+                reason,
+            )
+            self.restarts += 1
+        self._shut()
+        return PollResult(
+            started_at=started_at,
+            finished_at=time.time(),
+            partition_counts={},
+            end_offsets={},
+            committed={},
+            failed_groups=self._groups,
+            failed_topics=frozenset(self._topics),
+            errors=(f"admin client: its process ended ({reason}); restarted",),
+            answered=False,
+            monotonic=started,
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def close(self) -> None:
+        """Stop the child for good (a poll in progress ends as a failed poll, quietly)."""
+        self._closing = True
+        self._shut()
+
+    def _shut(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(Exception):
+            assert process.stdin is not None
+            write_frame(process.stdin, "stop")
+            process.stdin.close()
+        try:
+            process.wait(2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(2)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when the parent dies, so no poller outlives its owner; ignore
+    Ctrl-C and SIGTERM sent to the whole process group (a terminal's Ctrl-C, a service
+    manager's stop): the parent stops the child itself, after the poll in progress."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def make_poller(
+    properties: Mapping[str, Any],
+    topics_by_group: Mapping[str, Sequence[str]],
+    *,
+    request_timeout: float = 5.0,
+    metadata_interval: float = 10.0,
+    idle_interval: float = 0.0,
+) -> OffsetPoller | IsolatedPoller:
+    """An isolated poller when the configuration can cross to a child process, else one in
+    this process (a configuration with callables, such as ``oauth_cb``)."""
+    poller = OffsetPoller if any(callable(v) for v in properties.values()) else IsolatedPoller
+    return poller(
+        properties,
+        topics_by_group,
+        request_timeout=request_timeout,
+        metadata_interval=metadata_interval,
+        idle_interval=idle_interval,
+    )

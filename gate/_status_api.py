@@ -1,0 +1,207 @@
+"""The operator's API: the status of the service and of each gate (now, its last minutes, and
+as a stream of server-sent events for the status page), the probes, the metrics, and the
+status page itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path as FilePath
+from typing import Annotated
+
+from fastapi import FastAPI, Path, Query
+from fastapi.params import Depends
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gate._bodies import ApiError, Liveness, Probe, ServiceStatus
+from gate._release_api import known_gate
+from gate._report import GateHistoryBody, GateStatus, gate_status, gate_summary
+from gate._service import GateService, present
+from gate._state import GateState
+from gate._waits import Stopping, unless_stopping
+from gate._watermark import format_time
+
+STATIC = FilePath(__file__).resolve().parent / "static"
+STATUS_PAGE = STATIC / "index.html"
+
+STOPPING_EVENT = ServerSentEvent(
+    event="stopping", raw_data=json.dumps({"message": "the gate is stopping"})
+)
+"""The last event of a status stream when the gate stops."""
+
+
+def add_status_routes(app: FastAPI, service: GateService, protected: list[Depends]) -> None:
+    """``/status`` and ``/status/{gate}`` (with its history and stream), ``/healthz``,
+    ``/readyz``, ``/metrics`` and the status page, behind ``protected`` where they carry
+    the gates' data."""
+
+    @app.get(
+        "/status",
+        response_model=ServiceStatus,
+        dependencies=protected,
+        summary="Service status and every gate's summary",
+    )
+    async def status_all() -> Response:
+        gates = {}
+        for name in service.config.gates:
+            state = service.store.latest(name)
+            errors = service.failing.get(name, ())
+            gates[name] = (
+                gate_summary(state, present(state), service.stale_after, errors) if state else None
+            )
+        poll = service.last_poll
+        ok, detail = service.readiness()
+        return JSONResponse(
+            {
+                "ready": ok,
+                "detail": detail,
+                "poll_interval_ms": service.config.poll_interval_ms,
+                "overrunning": service.overrunning,
+                "overruns": service.overruns,
+                "last_poll": None
+                if poll is None
+                else {
+                    "started_at": format_time(poll.started_at),
+                    "duration_ms": round(poll.duration * 1000, 1),
+                    "evaluation_ms": round(service.last_evaluation * 1000, 1),
+                    "errors": list(poll.errors),
+                },
+                "redis": None
+                if service.redis is None
+                else {"healthy": service.redis.healthy, "error": service.redis.last_error},
+                "gates": gates,
+                "failing": {name: list(errors) for name, errors in service.failing.items()},
+            }
+        )
+
+    @app.get(
+        "/status/{gate}",
+        response_model=GateStatus,
+        dependencies=protected,
+        summary="Why is this gate holding back?",
+    )
+    async def status_gate(gate: Annotated[str, Path(max_length=200)]) -> Response:
+        """The gate's verdict, its dependency groups (status, lag in records and seconds,
+        partitions they hold back), and per partition: end offset, watermark, records
+        waiting and for how long, the groups holding it, the dependent's own offset, and per
+        dependency group its committed offset, lag and status."""
+        state = _latest(gate)
+        errors = service.failing.get(gate, ())
+        return JSONResponse(gate_status(state, present(state), service.stale_after, errors))
+
+    @app.get(
+        "/status/{gate}/history",
+        response_model=GateHistoryBody,
+        dependencies=protected,
+        summary="The last minutes of a gate, for charts",
+    )
+    async def status_history(gate: Annotated[str, Path(max_length=200)]) -> Response:
+        """One point per ``status.history_step_ms`` over the last 15 minutes: per group its
+        lag in records and seconds, and the sum of the watermarks (its rise is the release
+        rate), records held back and released records the dependent has not processed."""
+        known_gate(service, gate)
+        body = {"gate": gate, "now": time.time(), **service.store.history[gate].to_json()}
+        return JSONResponse(body)
+
+    def _latest(gate: str) -> GateState:
+        state, _ = known_gate(service, gate)
+        if state is None:
+            failing = service.failing.get(gate)
+            why = "; ".join(failing) if failing else "first poll pending"
+            raise ApiError(404, "not_found", f"gate {gate!r} has no snapshot yet ({why})")
+        return state
+
+    @app.get(
+        "/status/{gate}/stream",
+        response_class=EventSourceResponse,
+        dependencies=protected,
+        summary="Server-sent events: the gate's status after every poll (the status page's feed)",
+    )
+    async def status_stream(
+        gate: Annotated[str, Path(max_length=200)],
+        interval: Annotated[float, Query(ge=0.1, le=60)] = 1.0,
+    ) -> AsyncIterator[ServerSentEvent]:
+        """Event ``status`` (id = version, data = what ``GET /status/{gate}`` returns) now
+        and after every poll, at most once per ``interval`` seconds; while no poll succeeds,
+        again every half ``stale_after_s`` (at most 15 s), so the verdict turns unknown.
+        When the gate stops, a last event ``stopping`` ends the stream."""
+        known_gate(service, gate)
+        version = -1
+        quiet = min(15.0, max(1.0, service.stale_after / 2))
+        while True:
+            try:
+                state = await unless_stopping(
+                    service, service.store.wait_latest(gate, version, quiet)
+                )
+            except Stopping:
+                yield STOPPING_EVENT
+                return
+            if state is None:
+                state = service.store.latest(gate)
+                if state is None:
+                    yield ServerSentEvent(comment="keep-alive")
+                    continue
+            version = state.version
+            yield ServerSentEvent(
+                event="status",
+                id=str(version),
+                raw_data=json.dumps(
+                    gate_status(
+                        state, present(state), service.stale_after, service.failing.get(gate, ())
+                    ),
+                    separators=(",", ":"),
+                ),
+            )
+            try:
+                await unless_stopping(service, asyncio.sleep(interval))
+            except Stopping:
+                yield STOPPING_EVENT
+                return
+
+    @app.get("/healthz", response_model=Liveness, summary="Liveness: the process answers")
+    async def healthz() -> Liveness:
+        """200 while the process answers HTTP: restarting it would not help otherwise."""
+        return Liveness(ok=True, detail="alive")
+
+    @app.get(
+        "/readyz",
+        response_model=Probe,
+        responses={
+            503: {
+                "model": Probe,
+                "description": "No poll cycle the cluster answered yet, or none recently.",
+            }
+        },
+        summary="Readiness: the service can serve (the cluster answered a poll recently)",
+    )
+    async def readyz() -> Response:
+        """200 once a poll cycle completed with the cluster answering, as long as it answered
+        within ``readiness_max_age_ms``. One gate whose reads fail (its groups' offsets, its
+        topic) leaves the service ready: that gate's answers, status and metrics say so."""
+        ok, detail = service.readiness()
+        redis = None if service.redis is None else service.redis.healthy
+        return JSONResponse(
+            {"ok": ok, "detail": detail, "redis": redis}, status_code=200 if ok else 503
+        )
+
+    @app.get(
+        "/metrics",
+        dependencies=protected,
+        summary="Prometheus metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
+    )
+    async def metrics() -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        """The status page: static, its data comes from the API (with the token if set)."""
+        return HTMLResponse(STATUS_PAGE.read_text(encoding="utf-8"))
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
