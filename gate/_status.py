@@ -125,8 +125,9 @@ class GateEvaluator:
         partitions whose end offsets are those of the previous poll too, and that had no lag
         anywhere (caught up, or idle) keeps its positions and status without being looked at
         again, until a REWOUND status it carries expires. Only the partitions where a
-        re-evaluated group's position or offset changed get their watermark and holding
-        groups computed again. Everything is evaluated afresh when the partitions, any end
+        re-evaluated group's offset that counts for the watermark changed get their
+        watermark and holding groups computed again (their positions are copied where they
+        changed). Everything is evaluated afresh when the partitions, any end
         offset or the offset between the wall and monotonic clocks changed, or a log moved
         backwards: the result is the same as evaluating every group on every partition."""
         # Durations (stall, rewind and lag windows, lag in seconds) are measured on the
