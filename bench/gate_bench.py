@@ -229,7 +229,7 @@ def ready_under_cycles(
             status = httpx.get(f"{busy}/status", timeout=10).json()
             console.print(
                 f"{phase}: last poll's evaluation "
-                f"{status.get('last_poll', {}).get('evaluation_ms')} ms, "
+                f"{(status.get('last_poll') or {}).get('evaluation_ms')} ms, "
                 f"overruns {status.get('overruns')}"
             )
     median = {
