@@ -158,7 +158,8 @@ class Track:
         if not trend:
             return False
         silent = now - self.moved_at
-        if lag is not None and self.gap is not None and silent > max(window, 2 * self.gap):
+        gap = self.gap
+        if lag is not None and gap is not None and silent > window and silent > 2 * gap:
             latest = (now, lag, lag, seconds)  # no commit for long, and its lag grew
         else:
             latest = trend[-1]
@@ -205,9 +206,8 @@ def evaluate_group(
     when all of it holds while its offsets and the end offsets stay as they are.
 
     It runs for every group on every partition whenever records arrive, so it is written for
-    speed: positions are plain tuples (:data:`gate._state.Position`), nothing is looked up
-    twice, and the lag trend is judged only when a lag older than its threshold makes
-    LAGGING possible."""
+    speed: positions are plain tuples (:data:`gate._state.Position`), and nothing is looked up
+    twice."""
     keep_highest = policy.rewind_policy == "keep_highest"
     stall_after = policy.stall_after
     rewind_window = policy.rewind_window
@@ -270,15 +270,7 @@ def evaluate_group(
             rank = _STALLED_RANK
         elif rewound:
             rank = _REWOUND_RANK
-        elif (
-            # lagging needs a lag older than the threshold, after a commit or now
-            trend
-            and (
-                ((latest := trend[-1][_SECONDS]) is not None and latest > lag_threshold)
-                or (seconds is not None and seconds > lag_threshold)
-            )
-            and track.lagging(lag, seconds, now, lag_window, lag_threshold)
-        ):
+        elif trend and track.lagging(lag, seconds, now, lag_window, lag_threshold):
             rank = _LAGGING_RANK
         elif seconds is not None and seconds > behind_after:
             rank = _BEHIND_RANK
