@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import pickle
 import re
 import shutil
 import statistics
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -47,7 +49,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from rich.progress import track
 
 from bench._report import console, summary_ms, table, write
-from gate import GateEvaluator, PollResult
+from gate import GateEvaluator, GateState, PollResult
 from gate._isolated import IsolatedPoller
 from gate._local import LocalBroker, LocalNoida, free_port
 from gate._poller import OffsetPoller
@@ -88,9 +90,12 @@ def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:
 
 
 @contextmanager
-def gate_server(bootstrap: str, gates: dict[str, tuple[str, list[str]]]) -> Iterator[str]:
+def gate_server(
+    bootstrap: str, gates: dict[str, tuple[str, list[str]]], **settings: Any
+) -> Iterator[str]:
     """``gate serve`` (plus a trivial endpoint) in its own process for ``gates`` (name: topic,
-    dependency groups); yields its base URL once it answers."""
+    dependency groups), with further top-level ``settings``; yields its base URL once it
+    answers."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gate.yaml"
@@ -105,6 +110,7 @@ def gate_server(bootstrap: str, gates: dict[str, tuple[str, list[str]]]) -> Iter
                     },
                     # One load generator on one address: a limit it never reaches, enforced.
                     "http": {"rate_limit_per_s": 1000000},
+                    **settings,
                 }
             )
         )
@@ -196,20 +202,37 @@ class Arrivals:
         self.thread.join(10)
 
 
+def cycle_totals(url: str) -> dict[str, float]:
+    """The service's poll and evaluation durations so far, summed, and their count."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    totals = {}
+    for name in ("poll_duration_seconds", "evaluation_duration_seconds"):
+        for suffix in ("sum", "count"):
+            found = re.search(rf"^gate_{name}_{suffix} (\S+)$", text, re.MULTILINE)
+            totals[f"{name}_{suffix}"] = float(found.group(1)) if found else 0.0
+    return totals
+
+
 def ready_under_cycles(
-    bootstrap: str, fleet: tuple[str, list[str]], seconds: int, rounds: int
+    bootstrap: str,
+    fleet: tuple[str, list[str]],
+    seconds: int,
+    rounds: int,
+    niceness: int | None = None,
 ) -> dict:
     """``/ready`` under load from a gate service that also polls and evaluates a gate of
     ``fleet``'s groups every second, against one that serves the same small gate alone: both
     run at once, measured in interleaved rounds. First while nothing moves in the fleet (its
     groups are caught up and skipped), then while records arrive on every partition of its
-    topic (every group is evaluated again at every poll)."""
+    topic (every group is evaluated again at every poll). ``niceness``: the servers'
+    ``poller_niceness`` (None: the default)."""
+    settings = {} if niceness is None else {"poller_niceness": niceness}
     small = small_gate(bootstrap)
     query = f"/ready?gate=a&topic={small[0]}&partition=3&offset=500"
     cycles = f"{len(fleet[1])}-group cycles"
     with (
-        gate_server(bootstrap, {"a": small}) as alone,
-        gate_server(bootstrap, {"a": small, "fleet": fleet}) as busy,
+        gate_server(bootstrap, {"a": small}, **settings) as alone,
+        gate_server(bootstrap, {"a": small, "fleet": fleet}, **settings) as busy,
     ):
         deadline = time.monotonic() + 120
         while httpx.get(f"{busy}/watermarks/fleet", timeout=5).status_code != 200:
@@ -218,20 +241,43 @@ def ready_under_cycles(
             time.sleep(0.5)
         wrk(alone + query, 2, 32)  # warm up
         results: dict[str, list[dict[str, float]]] = {}
+        phases: dict[str, dict[str, float]] = {}
         for phase in ("nothing moves", "records arriving"):
             arrivals = Arrivals(bootstrap, fleet[0], 64) if phase == "records arriving" else None
             with arrivals or contextlib.nullcontext():
                 if arrivals is not None:
                     time.sleep(3)  # polls see the ends move
+                before = cycle_totals(busy)
                 for _ in track(range(rounds), description=f"wrk rounds, {phase}", console=console):
                     for name, url in (("no cycles", alone), (f"{cycles}, {phase}", busy)):
                         results.setdefault(name, []).append(wrk(url + query, seconds, 32))
-            status = httpx.get(f"{busy}/status", timeout=10).json()
-            console.print(
-                f"{phase}: last poll's evaluation "
-                f"{(status.get('last_poll') or {}).get('evaluation_ms')} ms, "
-                f"overruns {status.get('overruns')}"
+                after = cycle_totals(busy)
+            cycles_run = (
+                after["poll_duration_seconds_count"] - before["poll_duration_seconds_count"]
             )
+            phases[phase] = {
+                "cycles": cycles_run,
+                "poll_mean_ms": round(
+                    (after["poll_duration_seconds_sum"] - before["poll_duration_seconds_sum"])
+                    / max(cycles_run, 1)
+                    * 1000,
+                    1,
+                ),
+                "evaluation_mean_ms": round(
+                    (
+                        after["evaluation_duration_seconds_sum"]
+                        - before["evaluation_duration_seconds_sum"]
+                    )
+                    / max(cycles_run, 1)
+                    * 1000,
+                    1,
+                ),
+            }
+    table(
+        f"The {cycles} meanwhile (the busy server's metrics)",
+        ["phase", "cycles", "poll mean ms", "evaluation mean ms"],
+        [[p, v["cycles"], v["poll_mean_ms"], v["evaluation_mean_ms"]] for p, v in phases.items()],
+    )
     median = {
         name: {
             "rps": statistics.median(r["rps"] for r in runs),
@@ -253,7 +299,9 @@ def ready_under_cycles(
     for phase, ratio in ratios.items():
         console.print(f"/ready p99 with cycles ({phase}) / without: {ratio:.2f} (target <= 1.2)")
     return {
+        "poller_niceness": niceness,
         "servers": median,
+        "cycles": phases,
         "runs": results,
         "p99_ratio": ratios["nothing moves"],
         "p99_ratio_records_arriving": ratios["records arriving"],
@@ -450,16 +498,32 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                 synthetic_poll(1000.0 + step, names, partitions, 100 + step * arriving, behind)
                 for step in range(cycles + 3)
             ]
-            times = []
+            times: list[float] = []
+            states: deque[GateState] = deque(maxlen=5)
             for i, poll in enumerate(polls):
                 started = time.perf_counter()
-                evaluator.observe(poll)
+                states.append(evaluator.observe(poll))
                 if i >= 3:  # the first polls evaluate everything
                     times.append(time.perf_counter() - started)
+            # What the serving process spends receiving a state from the child process.
+            crossing, sizes_sent = [], []
+            for state in states:
+                sent = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+                started = time.perf_counter()
+                pickle.loads(sent)
+                crossing.append(time.perf_counter() - started)
+                sizes_sent.append(len(sent))
+            del states
             p50 = statistics.median(times)
             per = p50 / (groups * partitions) * 1e6
-            by_size[str(groups)] = {"p50_ms": round(p50 * 1000, 3), "us_per_group_partition": per}
-            rows.append([scenario, groups, p50 * 1000, per])
+            received = statistics.median(crossing)
+            by_size[str(groups)] = {
+                "p50_ms": round(p50 * 1000, 3),
+                "us_per_group_partition": per,
+                "received_p50_ms": round(received * 1000, 3),
+                "state_bytes": statistics.median(sizes_sent),
+            }
+            rows.append([scenario, groups, p50 * 1000, per, received * 1000])
         small, large = by_size[str(sizes[0])], by_size[str(sizes[-1])]
         by_size["linearity"] = round(
             large["us_per_group_partition"] / small["us_per_group_partition"], 3
@@ -467,7 +531,7 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
         results[scenario] = by_size
     table(
         f"Evaluation alone ({partitions} partitions, median of {cycles} polls built in memory)",
-        ["scenario", "groups", "p50 ms", "µs per group-partition"],
+        ["scenario", "groups", "p50 ms", "µs per group-partition", "state received p50 ms"],
         rows,
     )
     table(
@@ -501,6 +565,13 @@ def main() -> None:
         metavar="SECONDS",
         help="poll: read idle, caught-up groups this often (idle_poll_interval_ms; default 0: "
         "every poll reads every group)",
+    )
+    parser.add_argument(
+        "--poller-niceness",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ready: the servers' poller_niceness (default: the gate's default)",
     )
     args = parser.parse_args()
     wanted = {args.only} if args.only else {"http", "poll", "evaluation", "ready"}
@@ -555,7 +626,11 @@ def main() -> None:
                     create_topic(broker.bootstrap, topic, 64)
                     commit_groups(broker.bootstrap, topic, args.groups, 64)
                 ready = results["ready"] = ready_under_cycles(
-                    broker.bootstrap, (topic, group_names(args.groups)), seconds, rounds
+                    broker.bootstrap,
+                    (topic, group_names(args.groups)),
+                    seconds,
+                    rounds,
+                    args.poller_niceness,
                 )
                 verdict += [
                     ("/ready p99 with cycles <= 1.2x without", ready["p99_ratio"] <= 1.2),
@@ -571,6 +646,8 @@ def main() -> None:
         name += "-isolated"
     if args.idle_poll_interval:
         name += f"-idle{args.idle_poll_interval:g}"
+    if args.poller_niceness is not None:
+        name += f"-nice{args.poller_niceness}"
     write(name, results)
     table("Targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in verdict])
 

@@ -144,6 +144,11 @@ class GateConfig(_Strict):
     interval's second half, so reads spread over polls); its last read counts meanwhile.
     Records that arrive wake it in the same poll, so no watermark rises on an old read; a
     rewind or lost offsets of an idle group are seen up to this late."""
+    poller_niceness: int = Field(default=10, ge=0, le=19)
+    """How much lower the CPU priority of the admin client's process (it polls and evaluates
+    the gates) is than that of the process serving HTTP (a Unix niceness increment; 0: the
+    same). When CPU is short, requests are served first and poll cycles take longer (counted
+    as overruns); with CPU to spare it changes nothing."""
     metadata_interval_ms: int = Field(default=10_000, ge=10)
     """How often partition counts are refreshed (added partitions are picked up then)."""
     request_timeout_ms: int = Field(default=5_000, ge=100)
@@ -212,6 +217,7 @@ ENV_OVERRIDES: Mapping[str, tuple[str, ...]] = {
     "GATE_BOOTSTRAP_SERVERS": ("kafka", "bootstrap.servers"),
     "GATE_POLL_INTERVAL_MS": ("poll_interval_ms",),
     "GATE_IDLE_POLL_INTERVAL_MS": ("idle_poll_interval_ms",),
+    "GATE_POLLER_NICENESS": ("poller_niceness",),
     "GATE_REDIS_URL": ("redis", "url"),
     "GATE_REDIS_PREFIX": ("redis", "prefix"),
     "GATE_REDIS_PASSWORD": ("redis", "password"),

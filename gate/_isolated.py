@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import logging
+import os
 import pickle
 import select
 import signal
@@ -16,15 +18,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient
 
 from gate._frames import read_frame, write_frame
 from gate._kafkalog import KafkaLog
 from gate._poller import OffsetPoller
-from gate._state import PollResult
+from gate._state import GateState, PollResult
 from gate._watermark import Partition
+
+if TYPE_CHECKING:
+    from gate._status import GateEvaluator
 
 log = logging.getLogger("gate.poller")
 
@@ -40,6 +45,12 @@ class IsolatedPoller:
     The child is ``python -m gate._pollproc``: it never imports the caller's main module. The
     configuration must be picklable (no callables); :func:`make_poller` falls back to an
     in-process poller otherwise.
+
+    ``niceness`` lowers the child's CPU priority below this process's: when CPU is short, the
+    process serving HTTP goes first.
+
+    After :meth:`evaluate`, the child evaluates the gates too, and each poll leaves their
+    states in :attr:`evaluated`: the process that serves HTTP then spends no time on them.
     """
 
     def __init__(
@@ -50,6 +61,7 @@ class IsolatedPoller:
         request_timeout: float = 5.0,
         metadata_interval: float = 10.0,
         idle_interval: float = 0.0,
+        niceness: int = 0,
     ) -> None:
         # Invalid properties fail here, in the caller, with librdkafka's own message.
         AdminClient(dict(properties), logger=KafkaLog("gate.kafka"))
@@ -65,9 +77,28 @@ class IsolatedPoller:
         self._groups = frozenset(topics_by_group)
         self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
         self._wait = 2 * request_timeout + 10.0
+        self._niceness = niceness
         self._process: Any = None
         self._closing = False
         self.restarts = 0
+        self._evaluators: Mapping[str, GateEvaluator] = {}
+        self._versions: dict[str, int] = {}
+        self.evaluated: dict[str, GateState | str] = {}
+        """Per gate the last poll could refresh, the state the child evaluated, or the
+        message of the exception its evaluation raised."""
+        self.evaluation = 0.0
+        """Seconds the child spent evaluating the last poll."""
+
+    def evaluate(self, evaluators: Mapping[str, GateEvaluator]) -> None:
+        """Evaluate these gates in the child from now on (before the first poll). Each
+        poll sends the child their ``policy`` and ``version_floor`` as they are then; their
+        other settings are taken once. A new child (after an abort) starts their history
+        afresh, as a restart of the service does, and their versions continue."""
+        self._evaluators = evaluators
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self._evaluators)
 
     @property
     def topics(self) -> list[str]:
@@ -79,10 +110,14 @@ class IsolatedPoller:
             [sys.executable, "-m", "gate._pollproc"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            preexec_fn=_die_with_parent,
+            preexec_fn=functools.partial(_die_with_parent, self._niceness),
         )
         assert self._process.stdin is not None
-        write_frame(self._process.stdin, self._args)
+        gates = [
+            (e.gate, list(e.topics), list(e.groups), e.dependent, e.incremental)
+            for e in self._evaluators.values()
+        ]
+        write_frame(self._process.stdin, (*self._args, gates))
 
     def poll(self) -> PollResult:
         started_at, started = time.time(), time.monotonic()
@@ -97,7 +132,11 @@ class IsolatedPoller:
             # so the offset between the wall and monotonic clocks stays steady from poll to
             # poll: the evaluation re-evaluates everything when it moves).
             started_at, started = time.time(), time.monotonic()
-            write_frame(process.stdin, "poll")
+            settings = {
+                name: (e.policy, max(e.version_floor, self._versions.get(name, 0)))
+                for name, e in self._evaluators.items()
+            }
+            write_frame(process.stdin, ("poll", settings))
             ready, _, _ = select.select([process.stdout], [], [], self._wait)
             if not ready:
                 raise TimeoutError(f"no answer in {self._wait:.0f}s")
@@ -105,8 +144,12 @@ class IsolatedPoller:
         except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
             return self._crashed(started_at, started, exc)
         if isinstance(result, BaseException):
+            self.evaluated, self.evaluation = {}, 0.0
             raise result
-        result, same = result
+        result, same, self.evaluated, self.evaluation = result
+        for name, state in self.evaluated.items():
+            if isinstance(state, GateState):
+                self._versions[name] = state.version
         # The child sends the groups whose offsets changed since its last answer; the others
         # are the very mappings received before (one child's answers: a new child sends all).
         received = self._received
@@ -133,6 +176,7 @@ class IsolatedPoller:
             )
             self.restarts += 1
         self._shut()
+        self.evaluated, self.evaluation = {}, 0.0
         return PollResult(
             started_at=started_at,
             finished_at=time.time(),
@@ -172,10 +216,14 @@ class IsolatedPoller:
             process.stdout.close()
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(niceness: int = 0) -> None:
     """In the child: get SIGKILL when the parent dies, so no poller outlives its owner; ignore
     Ctrl-C and SIGTERM sent to the whole process group (a terminal's Ctrl-C, a service
-    manager's stop): the parent stops the child itself, after the poll in progress."""
+    manager's stop): the parent stops the child itself, after the poll in progress. Lower its
+    CPU priority by ``niceness``."""
+    if niceness:
+        with contextlib.suppress(OSError):
+            os.nice(niceness)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
@@ -191,14 +239,16 @@ def make_poller(
     request_timeout: float = 5.0,
     metadata_interval: float = 10.0,
     idle_interval: float = 0.0,
+    niceness: int = 0,
 ) -> OffsetPoller | IsolatedPoller:
     """An isolated poller when the configuration can cross to a child process, else one in
-    this process (a configuration with callables, such as ``oauth_cb``)."""
-    poller = OffsetPoller if any(callable(v) for v in properties.values()) else IsolatedPoller
-    return poller(
-        properties,
-        topics_by_group,
-        request_timeout=request_timeout,
-        metadata_interval=metadata_interval,
-        idle_interval=idle_interval,
-    )
+    this process (a configuration with callables, such as ``oauth_cb``); ``niceness`` lowers
+    the child's CPU priority (see :class:`IsolatedPoller`)."""
+    options = {
+        "request_timeout": request_timeout,
+        "metadata_interval": metadata_interval,
+        "idle_interval": idle_interval,
+    }
+    if any(callable(v) for v in properties.values()):
+        return OffsetPoller(properties, topics_by_group, **options)
+    return IsolatedPoller(properties, topics_by_group, niceness=niceness, **options)

@@ -2,12 +2,24 @@
 :class:`~gate._isolated.IsolatedPoller` over its standard input and output.
 
 Frames are a 4-byte big-endian length and a pickle. The first frame from the parent holds the
-poller's arguments; then each ``"poll"`` is answered with a :class:`~gate._state.PollResult`
-whose ``committed`` holds only the groups whose offsets differ from this process's previous
-answer, and the tuple of the groups read with the same offsets as then (or with the exception
-a poll raised), until ``"stop"`` or the end of the input: a fleet of idle groups costs the
-parent almost nothing to read. Standard output carries nothing else: anything printed goes to
-standard error.
+poller's arguments and the gates to evaluate here (each as ``(gate, topics, groups,
+dependent, incremental)``; none: the parent evaluates). Then each ``("poll", settings)``,
+``settings`` holding each gate's :class:`~gate._group.StatusPolicy` and version floor, is
+answered with a tuple of:
+
+- a :class:`~gate._state.PollResult` whose ``committed`` holds only the groups whose offsets
+  differ from this process's previous answer (a fleet of idle groups costs the parent almost
+  nothing to read);
+- the groups read with the same offsets as then;
+- per gate the poll could refresh, its :class:`~gate._state.GateState`, or the message of the
+  exception its evaluation raised (the positions cross as one blob per partition, decoded
+  only when read: see :class:`~gate._state.GroupPositions`);
+- the seconds the evaluation took;
+
+or with the exception a poll raised, until ``"stop"`` or the end of the input. The evaluation
+runs here, not in the process that serves HTTP: at 1,000 groups a poll where records arrived
+everywhere takes a quarter of a second of an interpreter. Standard output carries nothing
+else: anything printed goes to standard error.
 """
 
 from __future__ import annotations
@@ -16,9 +28,14 @@ import dataclasses
 import logging
 import os
 import sys
+import time
+from collections.abc import Mapping
+from typing import Any
 
 from gate._frames import read_frame, write_frame
 from gate._watermark import Partition
+
+log = logging.getLogger("gate")
 
 
 def main() -> None:
@@ -29,26 +46,63 @@ def main() -> None:
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from gate._poller import OffsetPoller
+    from gate._status import GateEvaluator
 
-    properties, topics_by_group, options = read_frame(requests)
+    properties, topics_by_group, options, gates = read_frame(requests)
     poller = OffsetPoller(properties, topics_by_group, **options)
+    evaluators = {
+        gate: GateEvaluator(gate, topics, groups, dependent=dependent, incremental=incremental)
+        for gate, topics, groups, dependent, incremental in gates
+    }
+    failures: dict[str, str] = {}
     sent: dict[str, dict[Partition, int]] = {}  # each group's offsets as last sent
     while True:
         try:
             command = read_frame(requests)
         except EOFError:
             return
-        if command != "poll":
+        if not isinstance(command, tuple) or command[0] != "poll":
             return
         try:
             poll = poller.poll()
         except Exception as exc:  # an unexpected failure: the parent raises it
             write_frame(answers, exc)
             continue
+        evaluating = time.perf_counter()
+        states = evaluate(evaluators, command[1], poll, failures)
+        evaluation = time.perf_counter() - evaluating
         changed = {g: o for g, o in poll.committed.items() if sent.get(g) != o}
         same = tuple(g for g in poll.committed if g not in changed)
         sent.update(changed)
-        write_frame(answers, (dataclasses.replace(poll, committed=changed), same))
+        write_frame(
+            answers, (dataclasses.replace(poll, committed=changed), same, states, evaluation)
+        )
+
+
+def evaluate(
+    evaluators: Mapping[str, Any],
+    settings: Mapping[str, tuple[Any, int]],
+    poll: Any,
+    failures: dict[str, str],
+) -> dict[str, Any]:
+    """Each gate ``poll`` can refresh, evaluated with the parent's ``settings`` (policy,
+    version floor): its state, or the message of what its evaluation raised (logged here with
+    its traceback, once while it stays the same)."""
+    states: dict[str, Any] = {}
+    for gate, evaluator in evaluators.items():
+        if not poll.refreshes(evaluator.topics, evaluator.groups):
+            continue
+        evaluator.policy, evaluator.version_floor = settings[gate]
+        try:
+            states[gate] = evaluator.observe(poll)
+        except Exception as exc:  # one gate's failure stays that gate's
+            states[gate] = message = str(exc) or type(exc).__name__
+            if failures.get(gate) != message:
+                log.exception("gate %s: unexpected error while evaluating a poll", gate)
+            failures[gate] = message
+        else:
+            failures.pop(gate, None)
+    return states
 
 
 if __name__ == "__main__":

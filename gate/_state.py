@@ -6,7 +6,8 @@ here computes anything.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import marshal
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, NamedTuple
@@ -77,6 +78,11 @@ class PollResult:
     def duration(self) -> float:
         return max(0.0, self.finished_at - self.started_at)  # a clock stepped back mid-poll
 
+    def refreshes(self, topics: Iterable[str], groups: Iterable[str]) -> bool:
+        """Whether this poll read the metadata of every one of ``topics`` and the offsets of
+        every one of ``groups``: a gate on them can be evaluated from it."""
+        return self.failed_topics.isdisjoint(topics) and self.failed_groups.isdisjoint(groups)
+
 
 class GroupPosition(NamedTuple):
     """One dependency group on one partition (a tuple: built for every pair on every poll)."""
@@ -102,25 +108,55 @@ groups on 64 partitions, full collections over them cost more than the evaluatio
 
 class GroupPositions(Mapping[str, GroupPosition]):
     """A partition's groups and their positions, built from the evaluation's
-    :data:`Position` tuples when asked for (most polls, nobody asks)."""
+    :data:`Position` tuples when asked for (most polls, nobody asks).
 
-    __slots__ = ("_kept",)
+    Pickled, it is one ``marshal`` blob, made once per object: the evaluation keeps the same
+    object while the partition's positions stay the same, and the gate service's process
+    decodes it only when something reads it (states cross from the admin client's process
+    every poll)."""
+
+    __slots__ = ("_blob", "_kept")
 
     def __init__(self, kept: Mapping[str, Position]) -> None:
-        self._kept = kept
+        self._kept: Mapping[str, Position] | None = kept
+        self._blob: bytes | None = None
+
+    @classmethod
+    def _decoded(cls, blob: bytes) -> GroupPositions:
+        """Unpickled: the blob, decoded at the first read."""
+        positions = cls.__new__(cls)
+        positions._kept, positions._blob = None, blob
+        return positions
+
+    def __reduce__(self) -> tuple[object, tuple[bytes]]:
+        blob = self._blob
+        if blob is None:
+            blob = self._blob = marshal.dumps(dict(self._positions()))
+        return GroupPositions._decoded, (blob,)
+
+    def built_from(self, kept: Mapping[str, Position]) -> bool:
+        """Whether these are the positions of ``kept`` (the very mapping)."""
+        return self._kept is kept
+
+    def _positions(self) -> Mapping[str, Position]:
+        kept = self._kept
+        if kept is None:
+            assert self._blob is not None
+            kept = self._kept = marshal.loads(self._blob)
+        return kept
 
     def __getitem__(self, group: str) -> GroupPosition:
-        committed, lag, rank, moved_at, seconds, exact = self._kept[group]
+        committed, lag, rank, moved_at, seconds, exact = self._positions()[group]
         return GroupPosition(committed, lag, SEVERITY[rank], moved_at, seconds, exact)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._kept)
+        return iter(self._positions())
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self._positions())
 
     def __contains__(self, group: object) -> bool:
-        return group in self._kept
+        return group in self._positions()
 
     def __repr__(self) -> str:
         return f"GroupPositions({dict(self)!r})"

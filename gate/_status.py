@@ -84,6 +84,8 @@ class GateEvaluator:
     _seen: _Seen | None = field(default=None, repr=False)
     _evaluated: dict[str, GroupResult] = field(default_factory=dict, repr=False)
     _positions: dict[Partition, dict[str, Position]] = field(default_factory=dict, repr=False)
+    _views: dict[Partition, GroupPositions] = field(default_factory=dict, repr=False)
+    """The positions handed out per partition, the same object while they stay the same."""
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
     """The most partitions seen per topic: fewer now means partitions do not exist."""
 
@@ -219,6 +221,9 @@ class GateEvaluator:
         dependent = self._dependent  # the last known when reading it failed this time
         histories = self._ends
         recomputed = set(changed)
+        if fresh:
+            self._views = {}
+        views = self._views
         states: dict[Partition, PartitionState] = {}
         for tp in partitions:
             watermark = watermarks[tp]
@@ -246,13 +251,16 @@ class GateEvaluator:
                 waiting_seconds = None
             else:
                 waiting_seconds = history.lag(watermark or 0, now).seconds
+            view = views.get(tp)
+            if view is None or not view.built_from(positions[tp]):
+                view = views[tp] = GroupPositions(positions[tp])
             states[tp] = PartitionState(
                 tp[0],
                 tp[1],
                 end,
                 watermark,
                 holding,
-                GroupPositions(positions[tp]),
+                view,
                 mark[1] + shift,
                 waiting_seconds,
                 dependent.get(tp),

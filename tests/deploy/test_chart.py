@@ -174,6 +174,7 @@ def test_the_config_map_is_a_valid_gate_configuration(values: dict[str, Any]) ->
         assert config.gates["service-a"].depends_on == ["service-b", "service-c"]
         assert config.poll_interval_ms == 200
         assert config.idle_poll_interval_ms == 10_000
+        assert config.poller_niceness == 5
         assert config.status.rewind_policy == "keep_highest"
         assert config.kafka["security.protocol"] == "SASL_SSL"
         assert config.kafka["sasl.password"] == "from-secret"

@@ -58,6 +58,7 @@ BREAKAGES: list[tuple[str, Any, Any]] = [
         st.sampled_from(["often", -1, 10**9, None]),
         "idle_poll_interval_ms",
     ),
+    ("poller_niceness", st.sampled_from(["low", -1, 20, None]), "poller_niceness"),
     ("gates", st.sampled_from([{}, [], "service-a", None]), "gates"),
     ("kafka", st.sampled_from([{}, {"bootstrap.servers": ""}, "kafka:9092", None]), "kafka"),
     ("redis", st.sampled_from([{"url": "http://redis"}, {"url": 5}, {}]), "redis"),
