@@ -25,6 +25,7 @@ else: anything printed goes to standard error.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -36,6 +37,9 @@ from gate._frames import read_frame, write_frame
 from gate._watermark import Partition
 
 log = logging.getLogger("gate")
+
+COLLECT_EVERY = 100
+"""Polls between two full collections over everything this process keeps (see :func:`main`)."""
 
 
 def main() -> None:
@@ -56,6 +60,7 @@ def main() -> None:
     }
     failures: dict[str, str] = {}
     sent: dict[str, dict[Partition, int]] = {}  # each group's offsets as last sent
+    answered = 0
     while True:
         try:
             command = read_frame(requests)
@@ -77,6 +82,16 @@ def main() -> None:
         write_frame(
             answers, (dataclasses.replace(poll, committed=changed), same, states, evaluation)
         )
+        # What the poller and the evaluators keep from poll to poll (about 230,000 objects
+        # the collector tracks at 1,000 groups on 64 partitions) is left out of its
+        # collections: they found no garbage there, and ran over all of it at most polls
+        # (a third of the poll's time). Every COLLECT_EVERY polls everything is collected
+        # once, so that no cyclic garbage frozen with the rest is kept for long.
+        answered += 1
+        if answered % COLLECT_EVERY == 0:
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()
 
 
 def evaluate(
