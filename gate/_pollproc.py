@@ -31,10 +31,15 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gate._frames import read_frame, write_frame
 from gate._watermark import Partition
+
+if TYPE_CHECKING:
+    from gate._group import StatusPolicy
+    from gate._state import GateState, PollResult
+    from gate._status import GateEvaluator
 
 log = logging.getLogger("gate")
 
@@ -95,15 +100,15 @@ def main() -> None:
 
 
 def evaluate(
-    evaluators: Mapping[str, Any],
-    settings: Mapping[str, tuple[Any, int]],
-    poll: Any,
+    evaluators: Mapping[str, GateEvaluator],
+    settings: Mapping[str, tuple[StatusPolicy, int]],
+    poll: PollResult,
     failures: dict[str, str],
-) -> dict[str, Any]:
+) -> dict[str, GateState | str]:
     """Each gate ``poll`` can refresh, evaluated with the parent's ``settings`` (policy,
     version floor): its state, or the message of what its evaluation raised (logged here with
     its traceback, once while it stays the same)."""
-    states: dict[str, Any] = {}
+    states: dict[str, GateState | str] = {}
     for gate, evaluator in evaluators.items():
         if not poll.refreshes(evaluator.topics, evaluator.groups):
             continue
