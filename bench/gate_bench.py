@@ -7,18 +7,19 @@
    ``--groups`` dependency groups x 64 partitions: cost per group-partition when nothing
    moves, when a tenth of the groups is behind, and when records arrive everywhere (targets
    at 1,000 groups: p50 <= 50 ms when nothing moves, cost per group-partition within 1.2x of
-   that at 50 groups).
+   that at 50 groups), and what receiving a state from the child process costs.
 3. **poll**: whole poll cycles (the poller's admin calls, then the evaluation) for
    ``--groups`` groups x 64 partitions, interleaved with the bare admin calls any poller must
    make (targets: p50 within 1.2x of the bare calls; <= 100 ms at 200 groups, <= 500 ms at
-   1,000); with ``--idle-poll-interval``, how many groups each cycle still reads.
+   1,000); with ``--isolated``, both in the child process as ``gate serve`` runs them; with
+   ``--idle-poll-interval``, how many groups each cycle still reads.
 4. **ready**: ``/ready`` p99 under load from a service that also polls and evaluates a gate
    of ``--groups`` groups every second, against one serving the small gate alone, first while
    nothing moves in the fleet, then while records arrive on all its partitions (target:
-   within 1.2x).
+   within 1.2x); ``--poller-niceness N`` sets the servers' ``poller_niceness``.
 
 Run: ``make bench`` or ``python -m bench.gate_bench [--quick] [--groups N] [--broker noida|tansu] [--isolated]
-[--idle-poll-interval SECONDS] [--only http|evaluation|poll|ready]``.
+[--idle-poll-interval SECONDS] [--poller-niceness N] [--only http|evaluation|poll|ready]``.
 """
 
 from __future__ import annotations
@@ -566,8 +567,8 @@ def main() -> None:
     parser.add_argument(
         "--isolated",
         action="store_true",
-        help="poll with the admin client in a child process, as gate serve does (its CPU is "
-        "then not counted as the gate's)",
+        help="poll: the admin client and the evaluation in a child process, as gate serve runs "
+        "them (their CPU is then not counted as the gate's)",
     )
     parser.add_argument("--broker", choices=["noida", "tansu"], default="noida")
     parser.add_argument(

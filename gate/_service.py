@@ -214,28 +214,21 @@ class GateService:
         failing: dict[str, tuple[str, ...]] = {}
         evaluating = time.perf_counter()
         poller = self.poller
-        evaluated = poller.evaluated if isinstance(poller, IsolatedPoller) else None
+        child = poller if isinstance(poller, IsolatedPoller) and poller.evaluates else None
         for name, evaluator in self.evaluators.items():
             errors = read_errors(poll, self.config.gates[name])
             if errors:
                 failing[name] = errors
                 continue
-            if evaluated is not None and poller.evaluates:
-                # Evaluated in the admin client's process; its traceback is logged there.
-                state = evaluated.get(name, "the admin client's process did not evaluate it")
-                if isinstance(state, str):
-                    failing[name] = (f"internal: {state}",)
-                    self.metrics.poll_errors.labels("internal").inc()
-                    continue
-            else:
-                try:
-                    state = evaluator.observe(poll)
-                except Exception as exc:  # one gate's failure stays that gate's
-                    failing[name] = (f"internal: {exc}",)
-                    self.metrics.poll_errors.labels("internal").inc()
-                    if self.failing.get(name) != failing[name]:
-                        log.exception("gate %s: unexpected error while evaluating a poll", name)
-                    continue
+            try:
+                state = evaluator.observe(poll) if child is None else _evaluated(child, name)
+            except Exception as exc:  # one gate's failure stays that gate's
+                failing[name] = (f"internal: {exc}",)
+                self.metrics.poll_errors.labels("internal").inc()
+                if self.failing.get(name) != failing[name] and child is None:
+                    # (the admin client's process logs its own, with the traceback)
+                    log.exception("gate %s: unexpected error while evaluating a poll", name)
+                continue
             states.append(state)
             self._record_events(state)
         self.last_evaluation = time.perf_counter() - evaluating
@@ -400,6 +393,15 @@ class GateService:
             # Still ready: HTTP serves the watermarks; Redis followers keep their last ones.
             detail += f"; redis unreachable: {redis.last_error or 'not connected yet'}"
         return True, detail
+
+
+def _evaluated(poller: IsolatedPoller, gate: str) -> GateState:
+    """The state the admin client's process evaluated for ``gate`` from its last poll;
+    raises with the message of what its evaluation raised there."""
+    state = poller.evaluated.get(gate, "the admin client's process did not evaluate it")
+    if isinstance(state, str):
+        raise RuntimeError(state)
+    return state
 
 
 def read_errors(poll: PollResult, spec: GateSpec) -> tuple[str, ...]:
