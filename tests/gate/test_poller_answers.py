@@ -1,6 +1,7 @@
 """Answers of the groups' offset requests arriving at different times: those that come while
 the poll waits are all in it, one that comes after the poll stopped waiting is a failure of
-that poll (its last snapshot stays) and never changes the poll already returned."""
+that poll (its last snapshot stays) and never changes the poll already returned; an answer is
+read the same whatever the order of its partitions."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import time
 from concurrent.futures import Future
 from typing import Any, cast
 
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gate._poller import OffsetPoller
+from gate._poller import OffsetPoller, read_offsets
 from tests.gate.scripted import ScriptedAdmin
+from tests.support import Kafka, unique
 
 
 class LateAdmin(ScriptedAdmin):
@@ -61,3 +66,99 @@ def test_answers_in_time_are_read_and_a_late_one_fails_the_group_alone() -> None
     for thread in admin.late:
         thread.join(5)  # the slow answer arrives after the poll
     assert poll.committed == before and "slow" not in poll.committed
+
+
+class Answered:
+    """An answered partition as the poller reads it (confluent-kafka cannot build a
+    ``TopicPartition`` with an error): equal to another with the same topic and partition,
+    whatever their offsets, as ``TopicPartition`` is."""
+
+    def __init__(self, topic: str, partition: int, offset: int, error: object = None) -> None:
+        self.topic, self.partition, self.offset, self.error = topic, partition, offset, error
+
+    def __eq__(self, other: object) -> bool:
+        return (self.topic, self.partition) == (other.topic, other.partition)  # type: ignore[attr-defined]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+
+def by_name(answer: list[Answered]) -> dict[tuple[str, int], int]:
+    """Each answered partition read by its name: what ``read_offsets`` must give."""
+    return {
+        (tp.topic, tp.partition): tp.offset for tp in answer if tp.error is None and tp.offset >= 0
+    }
+
+
+partitions = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 5)), unique=True, max_size=12
+).map(sorted)
+
+
+@st.composite
+def asked_and_answered(draw: st.DrawFn) -> tuple[list[tuple[str, int]], list[Answered]]:
+    asked = draw(partitions)
+    answer = [
+        Answered(
+            topic,
+            partition,
+            draw(st.sampled_from([-1001, -1, 0, 7, 2**40])),
+            draw(st.sampled_from([None, None, None, "NOT_COORDINATOR"])),
+        )
+        for topic, partition in asked
+    ]
+    # The answer in the order asked, or shuffled, short of some partitions, or with others.
+    how = draw(st.sampled_from(["as asked", "shuffled", "fewer", "others", "replaced"]))
+    if how == "shuffled":
+        answer = draw(st.permutations(answer))
+    elif how == "fewer" and answer:
+        del answer[draw(st.integers(0, len(answer) - 1))]
+    elif how == "others":
+        answer += [Answered("d", p, 3) for p in draw(st.lists(st.integers(0, 3), max_size=2))]
+    elif how == "replaced" and answer:
+        at = draw(st.integers(0, len(answer) - 1))
+        topic, partition = answer[at].topic, answer[at].partition
+        other = draw(st.sampled_from([(topic, partition + 1), ("d", partition)]))
+        answer[at] = Answered(*other, 9)
+    return asked, answer
+
+
+@given(asked_and_answered())
+def test_an_answer_reads_the_same_in_the_order_asked_as_by_name(
+    case: tuple[list[tuple[str, int]], list[Answered]],
+) -> None:
+    asked, answer = case
+    requested = [Answered(topic, partition, -1001) for topic, partition in asked]
+    read = read_offsets(cast(Any, answer), cast(Any, requested), asked)
+    assert read == by_name(answer)
+
+
+def test_confluent_kafka_compares_partitions_by_topic_and_number_alone() -> None:
+    """``read_offsets`` relies on it: a partition answered at the place of another one asked
+    must compare unequal to it, whatever its offset."""
+    assert TopicPartition("t", 1, 42) == TopicPartition("t", 1)
+    assert TopicPartition("t", 1, 42) != TopicPartition("u", 1)
+    assert TopicPartition("t", 1, 42) != TopicPartition("t", 2)
+    assert TopicPartition("tt", 1) != TopicPartition("t", 1)
+
+
+def test_the_brokers_answer_a_group_on_two_topics_in_the_order_asked(kafka: Kafka) -> None:
+    """librdkafka answers a group's partitions in the order asked (sorted by topic, then
+    partition) on both brokers, so the poller reads them without naming each; the offsets it
+    reads are those committed, partitions without a commit left out."""
+    prefix = unique("topic")
+    first, second = kafka.create_topic(3, f"{prefix}-a"), kafka.create_topic(2, f"{prefix}-b")
+    kafka.produce(first, {0: 2, 1: 2, 2: 4})
+    kafka.produce(second, {0: 5, 1: 7})
+    group = unique("CG-order")
+    kafka.commit(group, second, {0: 4, 1: 6})
+    kafka.commit(group, first, {0: 1, 2: 3})
+    asked = [TopicPartition(t, p) for t, n in ((first, 3), (second, 2)) for p in range(n)]
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    request = [ConsumerGroupTopicPartitions(group, asked)]
+    answer = admin.list_consumer_group_offsets(request)[group].result(10).topic_partitions
+    assert [(tp.topic, tp.partition) for tp in answer] == [(tp.topic, tp.partition) for tp in asked]
+    poller = OffsetPoller({"bootstrap.servers": kafka.bootstrap}, {group: [second, first]})
+    assert poller.poll().committed[group] == {
+        (first, 0): 1, (first, 2): 3, (second, 0): 4, (second, 1): 6
+    }  # fmt: skip
