@@ -138,6 +138,11 @@ class GroupPositions(Mapping[str, GroupPosition]):
         """Whether these are the positions of ``kept`` (the very mapping)."""
         return self._kept is kept
 
+    def tuples(self) -> Mapping[str, Position]:
+        """The positions as the evaluation keeps them: for readers that go over every group
+        (building a :class:`GroupPosition` for each costs more than reading it)."""
+        return self._positions()
+
     def _positions(self) -> Mapping[str, Position]:
         kept = self._kept
         if kept is None:
