@@ -7,7 +7,9 @@
    ``--groups`` dependency groups x 64 partitions: cost per group-partition when nothing
    moves, when a tenth of the groups is behind, and when records arrive everywhere (targets
    at 1,000 groups: p50 <= 50 ms when nothing moves, cost per group-partition within 1.2x of
-   that at 50 groups), and what receiving a state from the child process costs.
+   that at 50 groups), what receiving a state from the child process costs, and what
+   ``/status`` (first ask of a state, and again) and ``/status/{gate}`` (built and encoded)
+   cost the serving process on it.
 3. **poll**: whole poll cycles (the poller's admin calls, then the evaluation) for
    ``--groups`` groups x 64 partitions, interleaved with the bare admin calls any poller must
    make (targets: p50 within 1.2x of the bare calls; <= 100 ms at 200 groups, <= 500 ms at
@@ -54,6 +56,7 @@ from gate import GateEvaluator, GateState, PollResult
 from gate._isolated import IsolatedPoller
 from gate._local import LocalBroker, LocalNoida, free_port
 from gate._poller import OffsetPoller
+from gate._report import gate_status, gate_summary
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
@@ -526,7 +529,19 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                 pickle.loads(sent)
                 crossing.append(time.perf_counter() - started)
                 sizes_sent.append(len(sent))
-            del states
+            # What /status and /status/{gate} cost the serving process on such a state.
+            shown = pickle.loads(pickle.dumps(states[-1], protocol=pickle.HIGHEST_PROTOCOL))
+            now = shown.snapshot.polled_at + 1.0
+            started = time.perf_counter()
+            gate_summary(shown, now)
+            summary_first = time.perf_counter() - started
+            started = time.perf_counter()
+            gate_summary(shown, now + 1.0)
+            summary_again = time.perf_counter() - started
+            started = time.perf_counter()
+            detail = json.dumps(gate_status(shown, now + 2.0))
+            detail_seconds = time.perf_counter() - started
+            del states, shown
             p50 = statistics.median(times)
             per = p50 / (groups * partitions) * 1e6
             received = statistics.median(crossing)
@@ -535,8 +550,23 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                 "us_per_group_partition": per,
                 "received_p50_ms": round(received * 1000, 3),
                 "state_bytes": statistics.median(sizes_sent),
+                "status_summary_first_ms": round(summary_first * 1000, 3),
+                "status_summary_again_ms": round(summary_again * 1000, 3),
+                "status_detail_ms": round(detail_seconds * 1000, 3),
+                "status_detail_bytes": len(detail),
             }
-            rows.append([scenario, groups, p50 * 1000, per, received * 1000])
+            rows.append(
+                [
+                    scenario,
+                    groups,
+                    p50 * 1000,
+                    per,
+                    received * 1000,
+                    summary_first * 1000,
+                    summary_again * 1000,
+                    detail_seconds * 1000,
+                ]
+            )
         small, large = by_size[str(sizes[0])], by_size[str(sizes[-1])]
         by_size["linearity"] = round(
             large["us_per_group_partition"] / small["us_per_group_partition"], 3
@@ -544,7 +574,16 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
         results[scenario] = by_size
     table(
         f"Evaluation alone ({partitions} partitions, median of {cycles} polls built in memory)",
-        ["scenario", "groups", "p50 ms", "µs per group-partition", "state received p50 ms"],
+        [
+            "scenario",
+            "groups",
+            "p50 ms",
+            "µs per group-partition",
+            "state received p50 ms",
+            "/status first ask ms",
+            "/status again ms",
+            "/status/{gate} ms",
+        ],
         rows,
     )
     table(
