@@ -309,13 +309,13 @@ def _rollups(state: GateState) -> dict[str, _Rollup]:
         return cached[1]
     rollups = {group: _Rollup() for group in state.groups}
     for part in state.partitions.values():
-        for group in set(part.holding):
+        for group in part.holding:  # each group once (see PartitionState.holding)
             if group in rollups:
                 rollups[group].holding += 1
         for group, (_, lag, _, moved_at, seconds, exact) in _tuples(part.groups).items():
             rollup = rollups.get(group)
-            if rollup is None:
-                rollup = rollups[group] = _Rollup()
+            if rollup is None:  # not a dependency of the gate now: not in the summary
+                continue
             if lag:
                 rollup.lag += lag
                 if moved_at is not None and (
@@ -423,7 +423,7 @@ def _partition(part: PartitionState, now: float, times: dict[float, str]) -> dic
                 "lag_s_exact": exact,
                 "status": _STATUS[rank],
                 "moved_at": _time(moved_at, times),
-                "unmoved_s": None if moved_at is None else round(max(0.0, now - moved_at), 3),
+                "unmoved_s": _age(moved_at, now),
             }
             for group, (committed, lag, rank, moved_at, seconds, exact) in positions.items()
         },
