@@ -17,6 +17,11 @@ from gate._serve import ServedGate
 
 T = TypeVar("T")
 
+# Records stamped long ago (a fixed date, so a test can name its timestamps) fall under a
+# broker's time-based retention, which deletes them at its next sweep (noida-db sweeps every
+# few seconds; Kafka every five minutes): topics holding such records keep them forever.
+KEEP_FOREVER = {"retention.ms": "-1"}
+
 
 def interruptible() -> None:
     """``preexec_fn`` of a child process a test will interrupt with SIGINT: a test run started
@@ -75,9 +80,13 @@ class Kafka:
     def __post_init__(self) -> None:
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
 
-    def create_topic(self, partitions: int = 3, name: str | None = None) -> str:
+    def create_topic(
+        self, partitions: int = 3, name: str | None = None, config: Mapping[str, str] | None = None
+    ) -> str:
         name = name or unique("topic")
-        futures = self.admin.create_topics([NewTopic(name, partitions, 1)])
+        futures = self.admin.create_topics(
+            [NewTopic(name, partitions, 1, config=dict(config or {}))]
+        )
         for future in futures.values():
             future.result(10)
         wait_until(lambda: name in self.admin.list_topics(timeout=5).topics, what=f"topic {name}")

@@ -22,6 +22,7 @@ from gate._serve import ServedGate  # noqa: E402
 from sdk.spark import ProgressCommitter, kafka_ending_offsets, local_session  # noqa: E402
 from sdk.spark._plan import cap  # noqa: E402
 from tests.support import (  # noqa: E402
+    KEEP_FOREVER,
     Kafka,
     aborted_records_visible,
     gate_config,
@@ -227,7 +228,7 @@ def test_a_partition_added_while_the_query_runs_is_read_from_its_start(spark, ka
 
 
 def test_rows_follow_the_kafka_source_schema(spark, kafka: Kafka) -> None:
-    topic = kafka.create_topic(1)
+    topic = kafka.create_topic(1, config=KEEP_FOREVER)
     producer = kafka.producer()
     producer.produce(topic, key=b"k1", value=b"v1", headers=[("trace", b"\x00\xff"), ("n", None)])
     producer.produce(topic, key=None, value=None, timestamp=1_700_000_000_123)  # tombstone

@@ -22,7 +22,7 @@ from sdk.spark._bounds import at_times, ending, wanted_times  # noqa: E402
 from sdk.spark._settings import Settings  # noqa: E402
 from sdk.spark._stream import GatedKafkaStreamReader  # noqa: E402
 from tests.sdk.test_spark import LOCAL, spark_session  # noqa: E402
-from tests.support import Kafka, unique  # noqa: E402
+from tests.support import KEEP_FOREVER, Kafka, unique  # noqa: E402
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:1", "gate.enabled": "false"}
 
@@ -267,7 +267,7 @@ def test_tansu_still_ignores_the_timestamp_of_a_list_offsets_request(kafka: Kafk
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    topic = kafka.create_topic(1)
+    topic = kafka.create_topic(1, config=KEEP_FOREVER)
     produce_at(kafka, topic, {0: [T0, T0 + 10, T0 + 20, T0 + 30]})
     spec = {TopicPartition(topic, 0): OffsetSpec.for_timestamp(T0 + 15)}
     answer = next(iter(kafka.admin.list_offsets(spec, request_timeout=10).values())).result(10)
@@ -275,7 +275,7 @@ def test_tansu_still_ignores_the_timestamp_of_a_list_offsets_request(kafka: Kafk
 
 
 def test_a_read_starts_at_the_first_record_at_or_after_a_timestamp(kafka: Kafka) -> None:
-    topic = kafka.create_topic(2)
+    topic = kafka.create_topic(2, config=KEEP_FOREVER)
     produce_at(kafka, topic, {0: [T0, T0 + 10, T0 + 20, T0 + 30], 1: [T0 + 5, T0 + 15]})
     require_offsets_by_timestamp(kafka, topic)
     off = {"gate.enabled": "false", "subscribe": topic}

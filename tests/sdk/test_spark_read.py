@@ -14,7 +14,7 @@ pytest.importorskip("pyspark")
 from sdk.spark._plan import OffsetRange, Offsets, ranges
 from sdk.spark._read import read_range, record_batch
 from sdk.spark._settings import Settings
-from tests.support import Kafka, unique, wait_until
+from tests.support import KEEP_FOREVER, Kafka, unique, wait_until
 
 partition_ranges = st.dictionaries(
     st.sampled_from(["a", "b"]),
@@ -240,7 +240,7 @@ def test_prefetch_limits_stay_within_what_librdkafka_accepts(records: int) -> No
 def test_record_batches_match_the_records_row_by_row(kafka: Kafka) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
-    topic = kafka.create_topic(1)
+    topic = kafka.create_topic(1, config=KEEP_FOREVER)
     producer = kafka.producer()
     for i in range(40):
         producer.produce(
