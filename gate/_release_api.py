@@ -9,8 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Path, Request
-from fastapi.params import Depends
+from fastapi import Depends, FastAPI, Header, Path, Request, params
 from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -40,6 +39,17 @@ def known_gate(service: GateService, gate: str) -> tuple[GateState | None, list[
         known = ", ".join(sorted(service.config.gates))
         raise ApiError(404, "not_found", f"unknown gate {gate!r} (known: {known})")
     return service.store.latest(gate), spec.topics
+
+
+def known_gate_path(service: GateService) -> params.Depends:
+    """A dependency answering 404 when the path's ``{gate}`` is no gate. A stream checks its
+    gate this way: a dependency answers before the stream starts, while a check in the
+    stream itself would come after its 200 had been sent."""
+
+    def known(gate: Annotated[str, Path(max_length=200)]) -> None:
+        known_gate(service, gate)
+
+    return Depends(known)
 
 
 def answer(
@@ -99,7 +109,7 @@ def answer(
     return NOT_READY, body, state
 
 
-def add_release_routes(app: FastAPI, service: GateService, protected: list[Depends]) -> None:
+def add_release_routes(app: FastAPI, service: GateService, protected: list[params.Depends]) -> None:
     """``/ready`` (GET and POST) and ``/watermarks/{gate}`` (and its stream), behind
     ``protected`` (the API token's check, when one is set)."""
     settings = service.config.http
@@ -208,7 +218,7 @@ def add_release_routes(app: FastAPI, service: GateService, protected: list[Depen
     @app.get(
         "/watermarks/{gate}/stream",
         response_class=EventSourceResponse,
-        dependencies=protected,
+        dependencies=[*protected, known_gate_path(service)],
         summary="Server-sent events: every new snapshot of a gate",
     )
     async def stream(
@@ -217,7 +227,6 @@ def add_release_routes(app: FastAPI, service: GateService, protected: list[Depen
     ) -> AsyncIterator[ServerSentEvent]:
         """Event ``snapshot`` (id = version, data = the snapshot JSON) now and whenever the
         watermarks change, and at least every heartbeat interval."""
-        known_gate(service, gate)
         version = int(last_event_id) if last_event_id and last_event_id.isdigit() else -1
         heartbeat = max(service.config.heartbeat_ms / 1000, 0.1)
         while True:

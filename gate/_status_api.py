@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path as FilePath
 from typing import Annotated
 
-from fastapi import FastAPI, Path, Query
-from fastapi.params import Depends
+from fastapi import Depends, FastAPI, Path, Query, params
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
@@ -20,14 +19,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gate._bodies import ApiError, Liveness, Probe, ServiceStatus
 from gate._release_api import known_gate
-from gate._report import GateHistoryBody, GateStatus, gate_status, gate_summary
+from gate._report import gate_status, gate_summary
 from gate._service import GateService, present
 from gate._state import GateState
+from gate._status_bodies import GateHistoryBody, GateStatus, GroupsShown
 from gate._waits import Stopping, unless_stopping
 from gate._watermark import format_time
 
 STATIC = FilePath(__file__).resolve().parent / "static"
 STATUS_PAGE = STATIC / "index.html"
+
+GroupsQuery = Annotated[
+    GroupsShown,
+    Query(
+        description="Which groups each partition lists: every dependency group (all), the "
+        "ones holding it back (holding), or none; plus those named by `group`. At hundreds "
+        "of groups, `holding` keeps the answer small."
+    ),
+]
+GroupQuery = Annotated[
+    list[str] | None,
+    Query(max_length=100, description="A dependency group each partition lists (repeatable)."),
+]
 
 STOPPING_EVENT = ServerSentEvent(
     event="stopping", raw_data=json.dumps({"message": "the gate is stopping"})
@@ -35,7 +48,7 @@ STOPPING_EVENT = ServerSentEvent(
 """The last event of a status stream when the gate stops."""
 
 
-def add_status_routes(app: FastAPI, service: GateService, protected: list[Depends]) -> None:
+def add_status_routes(app: FastAPI, service: GateService, protected: list[params.Depends]) -> None:
     """``/status`` and ``/status/{gate}`` (with its history and stream), ``/healthz``,
     ``/readyz``, ``/metrics`` and the status page, behind ``protected`` where they carry
     the gates' data."""
@@ -85,14 +98,22 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[Depend
         dependencies=protected,
         summary="Why is this gate holding back?",
     )
-    async def status_gate(gate: Annotated[str, Path(max_length=200)]) -> Response:
+    async def status_gate(
+        gate: Annotated[str, Path(max_length=200)],
+        groups: GroupsQuery = "all",
+        group: GroupQuery = None,
+    ) -> Response:
         """The gate's verdict, its dependency groups (status, lag in records and seconds,
         partitions they hold back), and per partition: end offset, watermark, records
         waiting and for how long, the groups holding it, the dependent's own offset, and per
-        dependency group its committed offset, lag and status."""
+        dependency group (those ``groups`` and ``group`` choose) its committed offset, lag
+        and status."""
+        named = _named(gate, group)
         state = _latest(gate)
         errors = service.failing.get(gate, ())
-        return JSONResponse(gate_status(state, present(state), service.stale_after, errors))
+        return JSONResponse(
+            gate_status(state, present(state), service.stale_after, errors, groups, named)
+        )
 
     @app.get(
         "/status/{gate}/history",
@@ -108,6 +129,24 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[Depend
         body = {"gate": gate, "now": time.time(), **service.store.history[gate].to_json()}
         return JSONResponse(body)
 
+    def _named(
+        gate: Annotated[str, Path(max_length=200)], group: GroupQuery = None
+    ) -> tuple[str, ...]:
+        """The groups a request names; 404 for no such gate, 400 for a group it does not
+        depend on (a dependency of the stream too: it answers before the stream starts)."""
+        known_gate(service, gate)
+        named = tuple(dict.fromkeys(group or ()))
+        depends_on = service.config.gates[gate].depends_on
+        unknown = [name for name in named if name not in depends_on]
+        if unknown:
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"gate {gate!r} does not depend on {', '.join(map(repr, unknown))} "
+                f"(it depends on {', '.join(depends_on)})",
+            )
+        return named
+
     def _latest(gate: str) -> GateState:
         state, _ = known_gate(service, gate)
         if state is None:
@@ -119,18 +158,21 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[Depend
     @app.get(
         "/status/{gate}/stream",
         response_class=EventSourceResponse,
-        dependencies=protected,
+        dependencies=[*protected, Depends(_named)],
         summary="Server-sent events: the gate's status after every poll (the status page's feed)",
     )
     async def status_stream(
         gate: Annotated[str, Path(max_length=200)],
         interval: Annotated[float, Query(ge=0.1, le=60)] = 1.0,
+        groups: GroupsQuery = "all",
+        group: GroupQuery = None,
     ) -> AsyncIterator[ServerSentEvent]:
-        """Event ``status`` (id = version, data = what ``GET /status/{gate}`` returns) now
-        and after every poll, at most once per ``interval`` seconds; while no poll succeeds,
-        again every half ``stale_after_s`` (at most 15 s), so the verdict turns unknown.
-        When the gate stops, a last event ``stopping`` ends the stream."""
-        known_gate(service, gate)
+        """Event ``status`` (id = version, data = what ``GET /status/{gate}`` returns with
+        the same ``groups`` and ``group``) now and after every poll, at most once per
+        ``interval`` seconds; while no poll succeeds, again every half ``stale_after_s`` (at
+        most 15 s), so the verdict turns unknown. When the gate stops, a last event
+        ``stopping`` ends the stream."""
+        named = _named(gate, group)
         version = -1
         quiet = min(15.0, max(1.0, service.stale_after / 2))
         while True:
@@ -152,7 +194,12 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[Depend
                 id=str(version),
                 raw_data=json.dumps(
                     gate_status(
-                        state, present(state), service.stale_after, service.failing.get(gate, ())
+                        state,
+                        present(state),
+                        service.stale_after,
+                        service.failing.get(gate, ()),
+                        groups,
+                        named,
                     ),
                     separators=(",", ":"),
                 ),

@@ -2,6 +2,11 @@
 "use strict";
 
 const ROW_LIMIT = 200;
+// A gate with more dependency groups than this is a fleet: the page asks only for the groups
+// holding each partition back (GET /status/{gate}?groups=holding), the partitions table has
+// no column per group ("held back by" names them), and the charts are those of the groups
+// holding records back, most partitions first.
+const GROUP_COLUMNS = 12;
 const ALARMS = ["stuck", "missing"];  // verdicts shown red
 const state = {
   token: sessionStorage.getItem("gate-token") || "",
@@ -11,6 +16,8 @@ const state = {
   showAll: false,
   stream: null,        // AbortController of the running stream
   history: null,       // latest GET /status/{gate}/history body
+  summaries: {},       // latest GET /status body's gates
+  fleet: false,        // the selected gate has more than GROUP_COLUMNS groups
 };
 
 const $ = (id) => document.getElementById(id);
@@ -61,6 +68,7 @@ async function refreshService() {
     : "first poll pending";
   $("redis").textContent = body.redis
     ? `redis ${body.redis.healthy ? "ok" : "down: " + (body.redis.error || "")}` : "";
+  state.summaries = body.gates;
   renderTabs(body.gates);
   const failing = (body.failing || {})[state.gate];
   if (failing && !body.gates[state.gate]) {
@@ -95,6 +103,8 @@ function selectGate(name) {
   state.status = null;
   state.history = null;
   state.showAll = false;
+  const summary = state.summaries[name];
+  state.fleet = Boolean(summary) && Object.keys(summary.groups).length > GROUP_COLUMNS;
   $("charts").replaceChildren();
   history.replaceState(null, "", `#gate=${encodeURIComponent(name)}`);
   for (const button of $("gates").querySelectorAll("button")) {
@@ -112,7 +122,8 @@ async function follow(gate) {
   let delay = 500;
   while (!controller.signal.aborted) {
     try {
-      const response = await api(`/status/${encodeURIComponent(gate)}/stream`, {
+      const query = state.fleet ? "?groups=holding" : "";
+      const response = await api(`/status/${encodeURIComponent(gate)}/stream${query}`, {
         headers: { Accept: "text/event-stream" },
         signal: controller.signal,
       });
@@ -123,9 +134,15 @@ async function follow(gate) {
         delay = 500;
         await readEvents(response, (event, data) => {
           if (event === "stopping") showGone("gate stopping");
-          if (event !== "status") return;
+          if (event !== "status" || controller.signal.aborted) return;
+          const status = JSON.parse(data);
+          if (!state.fleet && Object.keys(status.groups).length > GROUP_COLUMNS) {
+            state.fleet = true;  // learnt from the first answer: ask for the holding groups
+            follow(gate);
+            return;
+          }
           const first = !state.status;
-          render(JSON.parse(data));
+          render(status);
           if (first) {
             refreshHistory();
             refreshService();  // the header too, now that the gate has polled
@@ -333,7 +350,12 @@ function renderCharts() {
     [{ key: "released", label: "released", unit: "/s", points: rates },
       series("records", "records waiting", "records", (p) => p.waiting, status.records_waiting)],
     start, now)];
-  for (const [g, group] of Object.entries(status.groups)) {
+  let shown = Object.entries(status.groups);
+  if (state.fleet) {
+    shown = shown.filter(([, group]) => group.holding > 0)
+      .sort((a, b) => b[1].holding - a[1].holding).slice(0, GROUP_COLUMNS);
+  }
+  for (const [g, group] of shown) {
     const past = (p) => p.groups[g] || {};
     charts.push(drawChart(g,
       el("span", { className: "muted" }, "lag ", number("lag", fmt(group.lag)), " records · ",

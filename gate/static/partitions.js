@@ -4,8 +4,13 @@
 
 // The columns of the partitions table, most telling first: which partition, how many records
 // wait, and who holds them back come before the offsets, so a narrow screen shows them.
+// A column per dependency group, unless the gate is a fleet (see GROUP_COLUMNS).
+function groupColumns() {
+  return state.status && !state.fleet ? Object.keys(state.status.groups) : [];
+}
+
 function columns() {
-  const groups = state.status ? Object.keys(state.status.groups) : [];
+  const groups = groupColumns();
   return [
     { key: "topic", label: "topic", value: (p) => p.topic },
     { key: "partition", label: "partition", num: true, className: "col-partition", value: (p) => p.partition },
@@ -84,7 +89,7 @@ function renderPartitions() {
     el("td", { className: "num", "data-field": "oldest", text: p.waiting ? seconds(p.waiting_s) : "" }),
     el("td", { className: "num", "data-field": "end", text: fmt(p.end_offset) }),
     el("td", { className: "num", "data-field": "watermark", text: p.watermark === null ? "none" : fmt(p.watermark) }),
-    ...Object.keys(status.groups).map((g) => {
+    ...groupColumns().map((g) => {
       const pos = p.groups[g];
       const cell = el("td", { className: "num", "data-group": g });
       if (!pos) return cell;

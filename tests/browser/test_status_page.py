@@ -185,6 +185,50 @@ def test_sorting_filtering_and_many_partitions(browser, kafka: Kafka) -> None:  
         assert page.locator("#partitions tbody tr").count() == 1
 
 
+def test_a_fleet_s_page_asks_only_for_the_groups_holding_partitions_back(
+    browser, kafka: Kafka
+) -> None:  # type: ignore[no-untyped-def]
+    """More dependency groups than the page has columns for (12): its stream asks for the
+    groups holding each partition back, the table has no column per group, and the charts
+    are those of the groups holding records back."""
+    topic = kafka.create_topic(3)
+    kafka.produce(topic, {0: 20, 1: 20, 2: 20})
+    groups = [unique(f"fleet{i:02}") for i in range(13)]
+    for group in groups[2:]:
+        kafka.commit(group, topic, {0: 20, 1: 20, 2: 20})
+    slow, slower = groups[0], groups[1]
+    kafka.commit(slow, topic, {0: 15, 1: 20, 2: 20})
+    kafka.commit(slower, topic, {0: 20, 1: 5, 2: 8})
+    config = gate_config(
+        kafka.bootstrap,
+        {"fleet": {"topics": [topic], "depends_on": groups}},
+        poll_interval_ms=100,
+        status={"history_step_ms": 200},
+    )
+    with serve_gate(config) as gate:
+        streams: list[str] = []
+        page = browser.new_page()
+        page.on("request", lambda r: streams.append(r.url) if "/stream" in r.url else None)
+        page.goto(gate.url + "/#gate=fleet")
+        page.wait_for_selector("#partitions tbody tr")
+        page.wait_for_function("document.getElementById('live').dataset.state === 'live'")
+        assert streams and all(
+            url.endswith("/status/fleet/stream?groups=holding") for url in streams[-1:]
+        )
+        assert page.locator("#partitions td[data-group]").count() == 0
+        assert page.locator("#partitions th.col-group").count() == 0
+        assert cell(page, topic, 0, '[data-field="holding"]') == slow
+        assert cell(page, topic, 1, '[data-field="holding"]') == slower
+        assert cell(page, topic, 2, '[data-field="holding"]') == slower
+        assert page.locator("#groups tbody tr").count() == 13  # the groups table has them all
+        page.wait_for_function(
+            "document.querySelectorAll('#charts .chart svg polyline').length >= 3", timeout=30_000
+        )
+        titles = page.locator("#charts .chart .title").all_inner_texts()
+        charted = [g for g in groups if any(t.startswith(g) for t in titles)]
+        assert charted == [slow, slower]
+
+
 def test_the_page_asks_for_the_token_when_the_api_needs_one(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
     topic = kafka.create_topic(1)
     group = unique("dep")

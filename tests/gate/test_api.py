@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from gate import GateEvaluator, GateService, PollResult
 from gate._api import create_app
 from gate._bodies import ServiceStatus
-from gate._report import GateHistoryBody, GateStatus
+from gate._status_bodies import GateHistoryBody, GateStatus
 from tests.support import gate_config
 
 
@@ -182,6 +182,17 @@ def test_unknown_routes_and_methods_are_json(api: Harness) -> None:
     assert response.status_code == 422 and response.json()["error"] == "invalid_request"
 
 
+@pytest.mark.parametrize("path", ["/status/nope/stream", "/watermarks/nope/stream"])
+def test_a_stream_of_an_unknown_gate_is_a_404_before_it_starts(api: Harness, path: str) -> None:
+    api.publish(*ARTICLE)
+    response = api.client.get(path)
+    assert response.status_code == 404
+    assert response.json() == {
+        "error": "not_found",
+        "message": "unknown gate 'nope' (known: service-a)",
+    }
+
+
 def test_batch_readiness(api: Harness) -> None:
     api.publish(*ARTICLE)
     body = api.client.post(
@@ -304,6 +315,54 @@ def test_status_explains_who_holds_each_partition(api: Harness) -> None:
     assert summary["verdict"]["state"] == "flowing"
     assert summary["verdict"]["records_waiting"] == (60 - 23) + (60 - 30) + (60 - 10)
     assert summary["verdict"]["text"].startswith("flowing: 117 records in transit")
+
+
+def test_status_lists_the_groups_asked_for_on_each_partition(api: Harness) -> None:
+    """A fleet's detail shows the groups holding each partition back, or those named."""
+    api.publish(*ARTICLE)
+
+    def groups_shown(path: str, **params: object) -> dict[int, list[str]]:
+        response = api.client.get(path, params=params)
+        assert response.status_code == 200, response.text
+        return {p["partition"]: sorted(p["groups"]) for p in response.json()["partitions"]}
+
+    both = ["CG-B", "CG-C"]
+    assert groups_shown("/status/service-a") == {0: both, 1: both, 2: both}
+    assert groups_shown("/status/service-a", groups="all") == {0: both, 1: both, 2: both}
+    holding = {0: ["CG-C"], 1: ["CG-B"], 2: ["CG-B"]}
+    assert groups_shown("/status/service-a", groups="holding") == holding
+    assert groups_shown("/status/service-a", groups="none") == {0: [], 1: [], 2: []}
+    named = {"groups": "none", "group": ["CG-C", "CG-C"]}
+    assert groups_shown("/status/service-a", **named) == {0: ["CG-C"], 1: ["CG-C"], 2: ["CG-C"]}
+    assert groups_shown("/status/service-a", groups="holding", group="CG-C") == {
+        0: ["CG-C"],
+        1: both,
+        2: both,
+    }
+    full = api.client.get("/status/service-a").json()
+    shown = api.client.get("/status/service-a", params={"groups": "holding"}).json()
+    same = ("committed", "lag", "status", "moved_at")  # unmoved_s: the age at each ask
+    position, whole = shown["partitions"][0]["groups"]["CG-C"], full["partitions"][0]["groups"]
+    assert {k: position[k] for k in same} == {k: whole["CG-C"][k] for k in same}
+
+    with api.client.stream(
+        "GET", "/status/service-a/stream", params={"groups": "holding"}
+    ) as response:
+        data = next(line for line in response.iter_lines() if line.startswith("data:"))
+    event = json.loads(data.removeprefix("data:"))
+    assert {p["partition"]: sorted(p["groups"]) for p in event["partitions"]} == holding
+
+    for path in ("/status/service-a", "/status/service-a/stream"):
+        unknown = api.client.get(path, params={"group": ["CG-C", "CG-X"]})
+        assert unknown.status_code == 400
+        assert unknown.json() == {
+            "error": "invalid_request",
+            "message": "gate 'service-a' does not depend on 'CG-X' (it depends on CG-B, CG-C)",
+        }
+        bad = api.client.get(path, params={"groups": "some"})
+        assert bad.status_code == 422
+        assert bad.json()["error"] == "invalid_request"
+        assert bad.json()["message"].startswith("groups: ")
 
 
 def test_openapi_documents_the_endpoints(api: Harness) -> None:

@@ -6,7 +6,7 @@ from the admin client's process or not, asked again later or not."""
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, Literal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -106,12 +106,9 @@ partitions = st.lists(
 )
 
 
-@given(partitions, st.booleans(), st.sampled_from([1000.0, 1003.5]))
-def test_a_state_s_report_reads_as_each_position(
-    parts: list[tuple[dict[str, Position], list[str]]], crossed: bool, now: float
-) -> None:
-    """Any positions, ties in the ages of the oldest records with and without an exact age,
-    groups with lag on partitions that moved at different times: as read one by one."""
+def state_of(parts: list[tuple[dict[str, Position], list[str]]], crossed: bool) -> GateState:
+    """A state with these positions and holding groups per partition, as the evaluation keeps
+    it (and as it crossed from the child: pickled), or as ``GroupPosition`` objects."""
     state = GateState(
         snapshot=Snapshot("a", 1, 999.5),
         partitions={
@@ -132,8 +129,51 @@ def test_a_state_s_report_reads_as_each_position(
         },
         groups=dict.fromkeys(GROUP_NAMES[:3], DependencyStatus.OK),
     )
-    if crossed:
-        state = pickle.loads(pickle.dumps(state))
+    return pickle.loads(pickle.dumps(state)) if crossed else state
+
+
+@given(partitions, st.booleans(), st.sampled_from([1000.0, 1003.5]))
+def test_a_state_s_report_reads_as_each_position(
+    parts: list[tuple[dict[str, Position], list[str]]], crossed: bool, now: float
+) -> None:
+    """Any positions, ties in the ages of the oldest records with and without an exact age,
+    groups with lag on partitions that moved at different times: as read one by one."""
+    state = state_of(parts, crossed)
     status = gate_status(state, now)
     assert status["groups"] == groups_read_one_by_one(state, now)
     assert [p["groups"] for p in status["partitions"]] == positions_read_one_by_one(state, now)
+
+
+@given(
+    partitions,
+    st.booleans(),
+    st.sampled_from(["all", "holding", "none"]),
+    st.lists(st.sampled_from(GROUP_NAMES), max_size=3),
+)
+def test_the_detail_lists_the_groups_asked_for_and_nothing_else_changes(
+    parts: list[tuple[dict[str, Position], list[str]]],
+    crossed: bool,
+    groups: Literal["all", "holding", "none"],
+    named: list[str],
+) -> None:
+    """Each partition lists the positions of the groups chosen (every group; those holding
+    it, those named), exactly as the whole detail has them; the rest of the answer is the
+    whole detail's."""
+    state = state_of(parts, crossed)
+    whole = gate_status(state, 1000.0)
+    chosen = gate_status(state, 1000.0, groups=groups, named=named)
+    for part, full, shown in zip(
+        state.partitions.values(), whole["partitions"], chosen["partitions"], strict=True
+    ):
+        wanted = {
+            "all": set(full["groups"]),
+            "holding": set(part.holding) | set(named),
+            "none": set(named),
+        }[groups]
+        assert shown["groups"] == {g: p for g, p in full["groups"].items() if g in wanted}
+        assert {k: v for k, v in shown.items() if k != "groups"} == {
+            k: v for k, v in full.items() if k != "groups"
+        }
+    assert {k: v for k, v in chosen.items() if k != "partitions"} == {
+        k: v for k, v in whole.items() if k != "partitions"
+    }
