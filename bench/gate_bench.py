@@ -541,6 +541,9 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
             started = time.perf_counter()
             detail = json.dumps(gate_status(shown, now + 2.0))
             detail_seconds = time.perf_counter() - started
+            started = time.perf_counter()  # as the status page of a fleet asks for it
+            holding = json.dumps(gate_status(shown, now + 3.0, groups="holding"))
+            holding_seconds = time.perf_counter() - started
             del states, shown
             p50 = statistics.median(times)
             per = p50 / (groups * partitions) * 1e6
@@ -554,6 +557,8 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                 "status_summary_again_ms": round(summary_again * 1000, 3),
                 "status_detail_ms": round(detail_seconds * 1000, 3),
                 "status_detail_bytes": len(detail),
+                "status_detail_holding_ms": round(holding_seconds * 1000, 3),
+                "status_detail_holding_bytes": len(holding),
             }
             rows.append(
                 [
@@ -565,6 +570,7 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                     summary_first * 1000,
                     summary_again * 1000,
                     detail_seconds * 1000,
+                    holding_seconds * 1000,
                 ]
             )
         small, large = by_size[str(sizes[0])], by_size[str(sizes[-1])]
@@ -583,6 +589,7 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
             "/status first ask ms",
             "/status again ms",
             "/status/{gate} ms",
+            "?groups=holding ms",
         ],
         rows,
     )

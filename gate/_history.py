@@ -12,6 +12,7 @@ the wall clock, as charts show them: when it is stepped back, the history starts
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from typing import Any
 
 from gate._state import GateState
@@ -38,8 +39,15 @@ class GateHistory:
         while points and points[0]["t"] < slot - self.span:
             points.popleft()
 
-    def to_json(self) -> dict[str, Any]:
-        return {"step_s": self.step, "span_s": self.span, "points": list(self.points)}
+    def to_json(self, groups: Collection[str] | None = None) -> dict[str, Any]:
+        """The points, with every group's lag, or only those of ``groups``."""
+        points: list[dict[str, Any]] = list(self.points)
+        if groups is not None:
+            points = [
+                {**point, "groups": {g: point["groups"][g] for g in groups if g in point["groups"]}}
+                for point in points
+            ]
+        return {"step_s": self.step, "span_s": self.span, "points": points}
 
 
 def point_of(state: GateState, slot: float) -> dict[str, Any]:

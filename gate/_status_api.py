@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path as FilePath
 from typing import Annotated
 
@@ -92,6 +92,24 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
             }
         )
 
+    def _named(
+        gate: Annotated[str, Path(max_length=200)], group: GroupQuery = None
+    ) -> tuple[str, ...]:
+        """The groups a request names; 404 for no such gate, 400 for a group it does not
+        depend on (a dependency of the stream too: it answers before the stream starts)."""
+        known_gate(service, gate)
+        named = tuple(dict.fromkeys(group or ()))
+        depends_on = service.config.gates[gate].depends_on
+        unknown = [name for name in named if name not in depends_on]
+        if unknown:
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"gate {gate!r} does not depend on {', '.join(map(repr, unknown))} "
+                f"(it depends on {', '.join(depends_on)})",
+            )
+        return named
+
     @app.get(
         "/status/{gate}",
         response_model=GateStatus,
@@ -121,31 +139,28 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
         dependencies=protected,
         summary="The last minutes of a gate, for charts",
     )
-    async def status_history(gate: Annotated[str, Path(max_length=200)]) -> Response:
-        """One point per ``status.history_step_ms`` over the last 15 minutes: per group its
-        lag in records and seconds, and the sum of the watermarks (its rise is the release
-        rate), records held back and released records the dependent has not processed."""
-        known_gate(service, gate)
-        body = {"gate": gate, "now": time.time(), **service.store.history[gate].to_json()}
-        return JSONResponse(body)
-
-    def _named(
-        gate: Annotated[str, Path(max_length=200)], group: GroupQuery = None
-    ) -> tuple[str, ...]:
-        """The groups a request names; 404 for no such gate, 400 for a group it does not
-        depend on (a dependency of the stream too: it answers before the stream starts)."""
-        known_gate(service, gate)
-        named = tuple(dict.fromkeys(group or ()))
-        depends_on = service.config.gates[gate].depends_on
-        unknown = [name for name in named if name not in depends_on]
-        if unknown:
-            raise ApiError(
-                400,
-                "invalid_request",
-                f"gate {gate!r} does not depend on {', '.join(map(repr, unknown))} "
-                f"(it depends on {', '.join(depends_on)})",
+    async def status_history(
+        gate: Annotated[str, Path(max_length=200)],
+        groups: GroupsQuery = "all",
+        group: GroupQuery = None,
+    ) -> Response:
+        """One point per ``status.history_step_ms`` over the last 15 minutes: per group
+        (those ``groups`` and ``group`` choose; ``holding``: the groups holding a partition
+        back now) its lag in records and seconds, and the sum of the watermarks (its rise is
+        the release rate), records held back and released records the dependent has not
+        processed."""
+        named = _named(gate, group)
+        chosen: Collection[str] | None = None
+        if groups != "all":
+            state = service.store.latest(gate)
+            holding = (
+                [g for part in state.partitions.values() for g in part.holding]
+                if groups == "holding" and state is not None
+                else []
             )
-        return named
+            chosen = dict.fromkeys([*holding, *named])
+        history = service.store.history[gate].to_json(chosen)
+        return JSONResponse({"gate": gate, "now": time.time(), **history})
 
     def _latest(gate: str) -> GateState:
         state, _ = known_gate(service, gate)

@@ -308,7 +308,11 @@ async function refreshHistory() {
   if (!gate || !state.status) return;
   let body;
   try {
-    const response = await api(`/status/${encodeURIComponent(gate)}/history`);
+    // A fleet's history only for the groups charted (every group's is megabytes).
+    const query = state.fleet
+      ? "?" + new URLSearchParams([["groups", "none"], ...charted(state.status).map(([g]) => ["group", g])])
+      : "";
+    const response = await api(`/status/${encodeURIComponent(gate)}/history${query}`);
     if (!response.ok) return;
     body = await response.json();
   } catch (error) {
@@ -318,6 +322,14 @@ async function refreshHistory() {
   if (gate !== state.gate) return;
   state.history = body;
   renderCharts();
+}
+
+// The groups with a chart: every group, or a fleet's groups holding records back.
+function charted(status) {
+  const groups = Object.entries(status.groups);
+  if (!state.fleet) return groups;
+  return groups.filter(([, group]) => group.holding > 0)
+    .sort((a, b) => b[1].holding - a[1].holding).slice(0, GROUP_COLUMNS);
 }
 
 function number(field, value) {
@@ -350,12 +362,7 @@ function renderCharts() {
     [{ key: "released", label: "released", unit: "/s", points: rates },
       series("records", "records waiting", "records", (p) => p.waiting, status.records_waiting)],
     start, now)];
-  let shown = Object.entries(status.groups);
-  if (state.fleet) {
-    shown = shown.filter(([, group]) => group.holding > 0)
-      .sort((a, b) => b[1].holding - a[1].holding).slice(0, GROUP_COLUMNS);
-  }
-  for (const [g, group] of shown) {
+  for (const [g, group] of charted(status)) {
     const past = (p) => p.groups[g] || {};
     charts.push(drawChart(g,
       el("span", { className: "muted" }, "lag ", number("lag", fmt(group.lag)), " records · ",

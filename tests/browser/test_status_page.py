@@ -208,7 +208,9 @@ def test_a_fleet_s_page_asks_only_for_the_groups_holding_partitions_back(
     with serve_gate(config) as gate:
         streams: list[str] = []
         page = browser.new_page()
+        histories: list[str] = []
         page.on("request", lambda r: streams.append(r.url) if "/stream" in r.url else None)
+        page.on("request", lambda r: histories.append(r.url) if "/history" in r.url else None)
         page.goto(gate.url + "/#gate=fleet")
         page.wait_for_selector("#partitions tbody tr")
         page.wait_for_function("document.getElementById('live').dataset.state === 'live'")
@@ -225,6 +227,9 @@ def test_a_fleet_s_page_asks_only_for_the_groups_holding_partitions_back(
         titles = page.locator("#charts .chart .title").all_inner_texts()
         charted = [g for g in groups if any(t.startswith(g) for t in titles)]
         assert charted == [slow, slower]
+        # Their history alone: every group's is megabytes at 1,000 groups.
+        asked = f"/status/fleet/history?groups=none&group={slower}&group={slow}"
+        assert histories and histories[-1].endswith(asked)
 
 
 def test_the_page_asks_for_the_token_when_the_api_needs_one(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]

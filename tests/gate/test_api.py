@@ -408,6 +408,28 @@ def test_history_keeps_the_last_minutes_for_charts(api: Harness) -> None:
     assert api.client.get("/status/nope/history").status_code == 404
 
 
+def test_history_gives_the_groups_asked_for(api: Harness) -> None:
+    """A fleet's charts ask only for the groups they draw: every group's history is
+    megabytes at 1,000 groups."""
+    api.publish({0: 60, 1: 60, 2: 60}, ARTICLE[1])  # only CG-C holds partitions back
+
+    def groups_in(**params: object) -> list[list[str]]:
+        response = api.client.get("/status/service-a/history", params=params)
+        assert response.status_code == 200, response.text
+        return [sorted(point["groups"]) for point in response.json()["points"]]
+
+    assert groups_in() == [["CG-B", "CG-C"]]
+    assert groups_in(groups="holding") == [["CG-C"]]
+    assert groups_in(groups="none") == [[]]
+    assert groups_in(groups="none", group="CG-B") == [["CG-B"]]
+    assert groups_in(groups="holding", group=["CG-B"]) == [["CG-B", "CG-C"]]
+    whole = api.client.get("/status/service-a/history").json()["points"][0]
+    shown = api.client.get("/status/service-a/history", params={"groups": "holding"}).json()
+    assert shown["points"][0] == {**whole, "groups": {"CG-C": whole["groups"]["CG-C"]}}
+    unknown = api.client.get("/status/service-a/history", params={"group": "CG-X"})
+    assert unknown.status_code == 400 and "does not depend on 'CG-X'" in unknown.json()["message"]
+
+
 def test_ready_beyond_the_end_of_the_partition_says_so(api: Harness) -> None:
     api.publish({0: 60}, {0: 60})
     response = ready(api, 0, 75)
