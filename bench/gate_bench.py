@@ -53,6 +53,7 @@ from rich.progress import track
 
 from bench._report import console, summary_ms, table, write
 from gate import GateEvaluator, GateState, PollResult
+from gate._history import GateHistory, point_of
 from gate._isolated import IsolatedPoller
 from gate._local import LocalBroker, LocalNoida, free_port
 from gate._poller import OffsetPoller
@@ -544,7 +545,16 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
             started = time.perf_counter()  # as the status page of a fleet asks for it
             holding = json.dumps(gate_status(shown, now + 3.0, groups="holding"))
             holding_seconds = time.perf_counter() - started
-            del states, shown
+            # /status/{gate}/history: 15 minutes of 5 s points, every group's or 12 of them.
+            history = GateHistory(5.0, 900.0)
+            history.points.extend(point_of(shown, step * 5.0) for step in range(180))
+            started = time.perf_counter()
+            history_bytes = len(json.dumps(history.to_json()))
+            history_seconds = time.perf_counter() - started
+            started = time.perf_counter()
+            json.dumps(history.to_json(list(shown.groups)[:12]))
+            charted_seconds = time.perf_counter() - started
+            del states, shown, history
             p50 = statistics.median(times)
             per = p50 / (groups * partitions) * 1e6
             received = statistics.median(crossing)
@@ -559,6 +569,9 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                 "status_detail_bytes": len(detail),
                 "status_detail_holding_ms": round(holding_seconds * 1000, 3),
                 "status_detail_holding_bytes": len(holding),
+                "history_ms": round(history_seconds * 1000, 3),
+                "history_bytes": history_bytes,
+                "history_12_groups_ms": round(charted_seconds * 1000, 3),
             }
             rows.append(
                 [
@@ -571,6 +584,8 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                     summary_again * 1000,
                     detail_seconds * 1000,
                     holding_seconds * 1000,
+                    history_seconds * 1000,
+                    charted_seconds * 1000,
                 ]
             )
         small, large = by_size[str(sizes[0])], by_size[str(sizes[-1])]
@@ -590,6 +605,8 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
             "/status again ms",
             "/status/{gate} ms",
             "?groups=holding ms",
+            "history ms",
+            "history, 12 groups ms",
         ],
         rows,
     )
