@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -49,13 +50,16 @@ from typing import Any
 import httpx
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from prometheus_client import CollectorRegistry, generate_latest
 from rich.progress import track
 
 from bench._report import console, summary_ms, table, write
 from gate import GateEvaluator, GateState, PollResult
+from gate._config import StatusSettings
 from gate._history import GateHistory, point_of
 from gate._isolated import IsolatedPoller
 from gate._local import LocalBroker, LocalNoida, free_port
+from gate._metrics import GateMetrics
 from gate._poller import OffsetPoller
 from gate._report import gate_status, gate_summary
 
@@ -499,6 +503,30 @@ EVALUATION_SCENARIOS = {
 }
 
 
+DEFAULT_SERIES_LIMIT = StatusSettings().metrics_group_partitions_max
+
+
+def scrape_seconds(state: GateState, limit: int) -> tuple[float, int]:
+    """What a Prometheus scrape of one gate in ``state`` costs (seconds, bytes), with its
+    series per group and partition limited to ``limit`` group-partitions."""
+    status = types.SimpleNamespace(metrics_group_partitions_max=limit)
+    topics = sorted({topic for topic, _ in state.partitions})
+    service = types.SimpleNamespace(
+        store=types.SimpleNamespace(gates=[state.gate], latest=lambda _: state),
+        config=types.SimpleNamespace(
+            status=status, gates={state.gate: types.SimpleNamespace(topics=topics)}
+        ),
+        failing={},
+        answered_at=time.monotonic(),
+        redis=None,
+    )
+    registry = CollectorRegistry()
+    GateMetrics(registry).watch(service)  # type: ignore[arg-type]
+    started = time.perf_counter()
+    size = len(generate_latest(registry))
+    return time.perf_counter() - started, size
+
+
 def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
     """The evaluation alone, on polls built in memory: its cost per group-partition by fleet
     size when nothing moves (caught-up groups are not evaluated again), when a tenth of the
@@ -554,6 +582,9 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
             started = time.perf_counter()
             json.dumps(history.to_json(list(shown.groups)[:12]))
             charted_seconds = time.perf_counter() - started
+            scrapes = {
+                limit: scrape_seconds(shown, limit) for limit in (DEFAULT_SERIES_LIMIT, groups * 64)
+            }
             del states, shown, history
             p50 = statistics.median(times)
             per = p50 / (groups * partitions) * 1e6
@@ -572,6 +603,10 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                 "history_ms": round(history_seconds * 1000, 3),
                 "history_bytes": history_bytes,
                 "history_12_groups_ms": round(charted_seconds * 1000, 3),
+                "scrape_default_ms": round(scrapes[DEFAULT_SERIES_LIMIT][0] * 1000, 3),
+                "scrape_default_bytes": scrapes[DEFAULT_SERIES_LIMIT][1],
+                "scrape_every_series_ms": round(scrapes[groups * 64][0] * 1000, 3),
+                "scrape_every_series_bytes": scrapes[groups * 64][1],
             }
             rows.append(
                 [
@@ -586,6 +621,8 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
                     holding_seconds * 1000,
                     history_seconds * 1000,
                     charted_seconds * 1000,
+                    scrapes[DEFAULT_SERIES_LIMIT][0] * 1000,
+                    scrapes[groups * 64][0] * 1000,
                 ]
             )
         small, large = by_size[str(sizes[0])], by_size[str(sizes[-1])]
@@ -607,6 +644,8 @@ def evaluation_bench(sizes: list[int], partitions: int, cycles: int) -> dict:
             "?groups=holding ms",
             "history ms",
             "history, 12 groups ms",
+            "scrape ms",
+            "scrape, every series ms",
         ],
         rows,
     )

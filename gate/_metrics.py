@@ -1,7 +1,10 @@
 """Prometheus metrics of the gate.
 
 Per-partition gauges are produced at scrape time from the latest gate states (a custom
-collector), so a poll costs nothing extra however many groups and partitions are watched.
+collector), so a poll costs nothing extra however many groups and partitions are watched. A
+gate's series per group and partition are exposed up to
+``status.metrics_group_partitions_max`` of them; its groups' series over all partitions
+always are.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gate._state import SEVERITY, DependencyStatus
+from gate._state import SEVERITY, DependencyStatus, position_tuples
 
 if TYPE_CHECKING:
     from gate._service import GateService
@@ -42,6 +45,7 @@ STATUS_CODES = {
     DependencyStatus.MISSING: 4,
     DependencyStatus.BEHIND: 5,
 }
+_CODE_BY_RANK = tuple(STATUS_CODES[status] for status in SEVERITY)
 
 
 class GateMetrics:
@@ -166,6 +170,24 @@ class _StateCollector(Collector):
             "0 OK, 1 LAGGING, 2 REWOUND, 3 STALLED, 4 MISSING, 5 BEHIND.",
             labels=["gate", "group", "topic", "partition"],
         )
+        group_lag = GaugeMetricFamily(
+            "gate_dependency_group_lag",
+            "Records between a dependency group's committed offsets and the ends, over all "
+            "partitions where both are known.",
+            labels=["gate", "group"],
+        )
+        group_lag_seconds = GaugeMetricFamily(
+            "gate_dependency_group_lag_seconds",
+            "Age of the oldest record a dependency group has not processed, over all "
+            "partitions (absent: unknown).",
+            labels=["gate", "group"],
+        )
+        detailed = GaugeMetricFamily(
+            "gate_group_partition_series",
+            "1 when the gate's series per group and partition are exposed; 0 when its groups "
+            "x partitions exceed status.metrics_group_partitions_max.",
+            labels=["gate"],
+        )
         group_status = GaugeMetricFamily(
             "gate_dependency_status",
             "1 for the group's current overall status (its worst partition).",
@@ -193,10 +215,13 @@ class _StateCollector(Collector):
         age = GaugeMetricFamily(
             "gate_snapshot_age_seconds", "Age of the latest snapshot.", labels=["gate"]
         )
+        limit = service.config.status.metrics_group_partitions_max
         for name in service.store.gates:
             state = service.store.latest(name)
             if state is None:
                 continue
+            per_partition = len(state.groups) * len(state.partitions) <= limit
+            detailed.add_metric([name], int(per_partition))
             now = state.now(time.monotonic(), time.time())  # ages: the time that passed
             version.add_metric([name], state.version)
             age.add_metric([name], max(0.0, now - state.snapshot.polled_at))
@@ -215,19 +240,26 @@ class _StateCollector(Collector):
                     end_offset.add_metric([name, topic, p], part.end_offset)
                 if part.waiting_seconds is not None:
                     waiting_seconds.add_metric([name, topic, p], part.waiting_seconds)
-                for group, position in part.groups.items():
+                positions = position_tuples(part.groups)
+                if not per_partition:
+                    for group, position in positions.items():
+                        if position[0] is None and group in missing_count:
+                            missing_count[group] += 1
+                    continue
+                for group, (offset, records, rank, moved_at, seconds, _) in positions.items():
                     labels = [name, group, topic, p]
-                    partition_status.add_metric(labels, STATUS_CODES[position.status])
-                    if position.committed is None:
-                        missing_count[group] += 1
+                    partition_status.add_metric(labels, _CODE_BY_RANK[rank])
+                    if offset is None:
+                        if group in missing_count:
+                            missing_count[group] += 1
                         continue
-                    committed.add_metric(labels, position.committed)
-                    if position.lag is not None:
-                        lag.add_metric(labels, position.lag)
-                    if position.lag_seconds is not None:
-                        lag_seconds.add_metric(labels, position.lag_seconds)
-                    if position.moved_at is not None:
-                        unmoved.add_metric(labels, max(0.0, now - position.moved_at))
+                    committed.add_metric(labels, offset)
+                    if records is not None:
+                        lag.add_metric(labels, records)
+                    if seconds is not None:
+                        lag_seconds.add_metric(labels, seconds)
+                    if moved_at is not None:
+                        unmoved.add_metric(labels, max(0.0, now - moved_at))
             verdict = state.verdict
             waiting.add_metric([name], verdict.records_waiting)
             stuck.add_metric([name], int(verdict.state == "stuck"))
@@ -240,9 +272,14 @@ class _StateCollector(Collector):
                         [name, group, candidate.value], int(candidate == status)
                     )
                 missing.add_metric([name, group], missing_count[group])
+            for group, overall in state.group_lags.items():
+                group_lag.add_metric([name, group], overall.records)
+                if overall.seconds is not None:
+                    group_lag_seconds.add_metric([name, group], overall.seconds)
 
         yield from (watermark, end_offset, committed, lag, lag_seconds, unmoved)
         yield from (partition_status, group_status, missing, topic_missing, held, version, age)
+        yield from (group_lag, group_lag_seconds, detailed)
         yield from (waiting, waiting_seconds, stuck, unprocessed)
 
         failing = GaugeMetricFamily(

@@ -7,18 +7,15 @@ own clock); times are ISO 8601 in UTC.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from gate._state import (
-    _RANK,
     SEVERITY,
     GateState,
-    GroupPosition,
-    GroupPositions,
     PartitionState,
-    Position,
+    position_tuples,
 )
 from gate._status_bodies import GroupsShown
 from gate._watermark import format_time
@@ -143,16 +140,6 @@ _cached: dict[str, tuple[GateState, dict[str, _Rollup]]] = {}
 """Per gate: the last state summed up, and its groups' rollups."""
 
 
-def _tuples(groups: Mapping[str, GroupPosition]) -> Mapping[str, Position]:
-    """A partition's positions as the evaluation keeps them (see :data:`Position`)."""
-    if isinstance(groups, GroupPositions):
-        return groups.tuples()
-    return {
-        group: (p.committed, p.lag, _RANK[p.status], p.moved_at, p.lag_seconds, p.lag_exact)
-        for group, p in groups.items()
-    }
-
-
 def _rollups(state: GateState) -> dict[str, _Rollup]:
     """Each group of ``state`` summed over its partitions, once per state: a state does not
     change, and a fleet's summary otherwise reads every group on every partition (64,000
@@ -166,7 +153,7 @@ def _rollups(state: GateState) -> dict[str, _Rollup]:
         for group in part.holding:  # each group once (see PartitionState.holding)
             if group in rollups:
                 rollups[group].holding += 1
-        for group, (_, lag, _, moved_at, seconds, exact) in _tuples(part.groups).items():
+        for group, (_, lag, _, moved_at, seconds, exact) in position_tuples(part.groups).items():
             rollup = rollups.get(group)
             if rollup is None:  # not a dependency of the gate now: not in the summary
                 continue
@@ -273,7 +260,7 @@ def _partition(
 ) -> dict[str, Any]:
     """One partition's detail: with ``chosen`` (whether the holding groups, which groups by
     name) only those groups' positions, else every group's."""
-    positions = _tuples(part.groups)
+    positions = position_tuples(part.groups)
     if chosen is not None:
         holding, named = chosen
         wanted = [*part.holding, *named] if holding else named

@@ -167,6 +167,17 @@ class GroupPositions(Mapping[str, GroupPosition]):
         return f"GroupPositions({dict(self)!r})"
 
 
+def position_tuples(groups: Mapping[str, GroupPosition]) -> Mapping[str, Position]:
+    """A partition's positions as the evaluation keeps them (see :data:`Position`): for
+    readers that go over every group of a fleet."""
+    if isinstance(groups, GroupPositions):
+        return groups.tuples()
+    return {
+        group: (p.committed, p.lag, _RANK[p.status], p.moved_at, p.lag_seconds, p.lag_exact)
+        for group, p in groups.items()
+    }
+
+
 class GroupLag(NamedTuple):
     """A group over all partitions of a gate."""
 

@@ -258,7 +258,9 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
         response_class=PlainTextResponse,
         responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
     )
-    async def metrics() -> Response:
+    def metrics() -> Response:
+        """Built in a worker thread, not on the event loop: a large fleet's scrape takes
+        long enough to delay every other answer if it held the loop."""
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False)

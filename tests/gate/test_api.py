@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -41,7 +42,7 @@ ARTICLE = ({0: 30, 1: 30, 2: 10}, {0: 23, 1: 52, 2: 15})
 
 
 class Harness:
-    def __init__(self, token: str | None = None) -> None:
+    def __init__(self, token: str | None = None, **extra: Any) -> None:
         http = {"host": "127.0.0.1", "port": 0}
         if token:
             http["api_token"] = token
@@ -50,6 +51,7 @@ class Harness:
                 "127.0.0.1:1",
                 {"service-a": {"topics": ["payments"], "depends_on": ["CG-B", "CG-C"]}},
                 http=http,
+                **extra,
             )
         )
         self.evaluator = GateEvaluator("service-a", ["payments"], ["CG-B", "CG-C"])
@@ -286,6 +288,67 @@ def test_a_missing_topic_is_an_alarm_in_status_and_metrics(api: Harness) -> None
     api.publish(*ARTICLE)
     text = api.client.get("/metrics").text
     assert 'gate_topic_missing{gate="service-a",topic="payments"} 0.0' in text
+
+
+def series(text: str, name: str) -> dict[str, float]:
+    """The samples of one metric in an exposition: labels text -> value."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) :].rsplit(" ", 1)
+            found[labels] = float(value)
+    return found
+
+
+PER_GROUP_AND_PARTITION = [
+    "gate_committed_offset",
+    "gate_dependency_lag",
+    "gate_dependency_lag_seconds",
+    "gate_dependency_commit_age_seconds",
+    "gate_dependency_partition_status",
+]
+
+
+def test_a_group_s_lag_over_all_partitions_is_the_sum_of_its_partitions(api: Harness) -> None:
+    api.publish(*ARTICLE)
+    text = api.client.get("/metrics").text
+    assert series(text, "gate_group_partition_series") == {'{gate="service-a"}': 1.0}
+    for group in ("CG-B", "CG-C"):
+        parts = {k: v for k, v in series(text, "gate_dependency_lag").items() if group in k}
+        assert len(parts) == 3
+        overall = series(text, "gate_dependency_group_lag")[f'{{gate="service-a",group="{group}"}}']
+        assert overall == sum(parts.values())
+    assert series(text, "gate_dependency_group_lag") == {
+        '{gate="service-a",group="CG-B"}': (60 - 30) * 2 + (60 - 10),
+        '{gate="service-a",group="CG-C"}': (60 - 23) + (60 - 52) + (60 - 15),
+    }
+    assert set(series(text, "gate_dependency_group_lag_seconds")) == {
+        '{gate="service-a",group="CG-B"}',
+        '{gate="service-a",group="CG-C"}',
+    }
+
+
+def test_beyond_the_limit_a_gate_s_groups_have_series_over_all_partitions_alone() -> None:
+    """2 groups x 3 partitions are beyond a limit of 5: no series per group and partition
+    (a fleet's would be hundreds of thousands), the groups' series over all partitions and
+    their missing partitions as before."""
+    harness = Harness(status={"metrics_group_partitions_max": 5})
+    with harness.client:
+        harness.publish({0: 30, 1: 30}, ARTICLE[1])  # CG-B has no commit on partition 2
+        text = harness.client.get("/metrics").text
+    assert series(text, "gate_group_partition_series") == {'{gate="service-a"}': 0.0}
+    for name in PER_GROUP_AND_PARTITION:
+        assert series(text, name) == {}, name
+    assert series(text, "gate_dependency_group_lag") == {
+        '{gate="service-a",group="CG-B"}': (60 - 30) * 2,
+        '{gate="service-a",group="CG-C"}': (60 - 23) + (60 - 52) + (60 - 15),
+    }
+    assert series(text, "gate_dependency_missing_partitions") == {
+        '{gate="service-a",group="CG-B"}': 1.0,
+        '{gate="service-a",group="CG-C"}': 0.0,
+    }
+    assert 'gate_dependency_status{gate="service-a",group="CG-B",status="MISSING"} 1.0' in text
+    assert 'gate_watermark{gate="service-a",partition="0",topic="payments"} 23.0' in text
 
 
 def test_metrics_have_build_info_and_no_created_series(api: Harness) -> None:
