@@ -176,6 +176,7 @@ def test_the_config_map_is_a_valid_gate_configuration(values: dict[str, Any]) ->
         assert config.idle_poll_interval_ms == 10_000
         assert config.poller_niceness == 5
         assert config.status.rewind_policy == "keep_highest"
+        assert config.status.metrics_group_partitions_max == 50_000
         assert config.kafka["security.protocol"] == "SASL_SSL"
         assert config.kafka["sasl.password"] == "from-secret"
         assert config.kafka["ssl.key.password"] == "from-secret"

@@ -70,7 +70,7 @@ app.kubernetes.io/component: gate
 {{- $_ := set $gates $name $spec }}
 {{- end }}
 {{- $http := dict "host" "0.0.0.0" "port" (int .Values.service.port) "cors_origins" .Values.http.corsOrigins "max_wait_s" .Values.http.maxWaitSeconds "max_batch" (int .Values.http.maxBatch) "max_body_bytes" (int .Values.http.maxBodyBytes) "rate_limit_per_s" .Values.http.rateLimitPerSecond }}
-{{- $status := dict "stall_after_ms" (int .Values.status.stallAfterMs) "lag_window_ms" (int .Values.status.lagWindowMs) "behind_after_ms" (int .Values.status.behindAfterMs) "rewind_window_ms" (int .Values.status.rewindWindowMs) "rewind_policy" .Values.status.rewindPolicy }}
+{{- $status := dict "stall_after_ms" (int .Values.status.stallAfterMs) "lag_window_ms" (int .Values.status.lagWindowMs) "behind_after_ms" (int .Values.status.behindAfterMs) "rewind_window_ms" (int .Values.status.rewindWindowMs) "rewind_policy" .Values.status.rewindPolicy "metrics_group_partitions_max" (int .Values.status.metricsGroupPartitionsMax) }}
 {{- $config := dict "kafka" $kafka "poll_interval_ms" (int .Values.pollIntervalMs) "idle_poll_interval_ms" (int .Values.idlePollIntervalMs) "poller_niceness" (int .Values.pollerNiceness) "metadata_interval_ms" (int .Values.metadataIntervalMs) "request_timeout_ms" (int .Values.requestTimeoutMs) "heartbeat_ms" (int .Values.heartbeatMs) "gates" $gates "http" $http "status" $status }}
 {{- if .Values.redis.enabled }}
 {{- $_ := set $config "redis" (dict "url" (required "redis.url is required when redis.enabled" .Values.redis.url) "prefix" .Values.redis.prefix) }}
