@@ -9,6 +9,7 @@ always are.
 
 from __future__ import annotations
 
+import logging
 import platform
 import time
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from gate._state import SEVERITY, DependencyStatus, position_tuples
 
 if TYPE_CHECKING:
     from gate._service import GateService
+
+log = logging.getLogger("gate.metrics")
 
 # Counters are exposed without their ``_created`` series: they double the series count and
 # no query of the gate's needs them.
@@ -116,6 +119,25 @@ class GateMetrics:
 class _StateCollector(Collector):
     def __init__(self, service: GateService) -> None:
         self._service = service
+        self._limited: set[str] = set()
+        """Gates whose series per group and partition are left out (logged once each time)."""
+
+    def _say_when_limited(self, gate: str, pairs: int, limit: int) -> None:
+        """Log when a gate's series per group and partition go (and come back): dashboards
+        built on them see them absent."""
+        if pairs > limit and gate not in self._limited:
+            self._limited.add(gate)
+            log.warning(
+                "gate %s: %d groups x partitions exceed status.metrics_group_partitions_max "
+                "(%d): its metrics per group and partition are left out, its groups' series "
+                "over all partitions stay (gate_group_partition_series is 0)",
+                gate,
+                pairs,
+                limit,
+            )
+        elif pairs <= limit and gate in self._limited:
+            self._limited.discard(gate)
+            log.info("gate %s: its metrics per group and partition are exposed again", gate)
 
     def collect(self) -> Iterator[Metric]:
         service = self._service
@@ -220,8 +242,10 @@ class _StateCollector(Collector):
             state = service.store.latest(name)
             if state is None:
                 continue
-            per_partition = len(state.groups) * len(state.partitions) <= limit
+            pairs = len(state.groups) * len(state.partitions)
+            per_partition = pairs <= limit
             detailed.add_metric([name], int(per_partition))
+            self._say_when_limited(name, pairs, limit)
             now = state.now(time.monotonic(), time.time())  # ages: the time that passed
             version.add_metric([name], state.version)
             age.add_metric([name], max(0.0, now - state.snapshot.polled_at))

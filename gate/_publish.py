@@ -31,7 +31,9 @@ log = logging.getLogger("gate.publish")
 
 
 class SnapshotStore:
-    """Latest and last published state per gate. Used from the event loop thread only."""
+    """Latest and last published state per gate. Written on the event loop thread only;
+    :meth:`latest` may be read from any thread (a scrape is built in a worker thread): each
+    state is immutable and replaced whole."""
 
     def __init__(
         self, gates: Iterable[str], *, heartbeat: float = 5.0, history_step: float = 5.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Collection
 from pathlib import Path as FilePath
@@ -48,10 +49,17 @@ STOPPING_EVENT = ServerSentEvent(
 """The last event of a status stream when the gate stops."""
 
 
+def _some(names: list[str], shown: int = 20) -> str:
+    """The first names of a list, and how many more (a fleet has thousands)."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 def add_status_routes(app: FastAPI, service: GateService, protected: list[params.Depends]) -> None:
     """``/status`` and ``/status/{gate}`` (with its history and stream), ``/healthz``,
     ``/readyz``, ``/metrics`` and the status page, behind ``protected`` where they carry
     the gates' data."""
+    scraping = threading.Lock()
 
     @app.get(
         "/status",
@@ -106,7 +114,7 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
                 400,
                 "invalid_request",
                 f"gate {gate!r} does not depend on {', '.join(map(repr, unknown))} "
-                f"(it depends on {', '.join(depends_on)})",
+                f"(it depends on {_some(depends_on)})",
             )
         return named
 
@@ -260,8 +268,11 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
     )
     def metrics() -> Response:
         """Built in a worker thread, not on the event loop: a large fleet's scrape takes
-        long enough to delay every other answer if it held the loop."""
-        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+        long enough to delay every other answer if it held the loop. One at a time: scrapes
+        that arrive together (several Prometheus servers) wait rather than share the CPU."""
+        with scraping:
+            body = generate_latest(service.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:

@@ -128,7 +128,11 @@ class PartitionBody(BaseModel):
         description="The groups at the watermark while records wait (ties together)."
     )
     dependent: int | None = Field(description="The dependent's committed offset.")
-    groups: dict[str, GroupPositionBody]
+    groups: dict[str, GroupPositionBody] = Field(
+        description="Each dependency group's position, or those the request's `groups` and "
+        "`group` chose (`holding`: the groups at the watermark while records wait, ties and "
+        "groups without a commit included)."
+    )
 
 
 class GateStatus(GateSummary):
@@ -145,7 +149,9 @@ class HistoryPoint(BaseModel):
     released: int = Field(description="Sum of the watermarks (its rise: records released).")
     waiting: int = Field(description="Records held back.")
     unprocessed: int = Field(description="Records released to the dependent, not processed.")
-    groups: dict[str, GroupHistory] = Field(description="Each dependency group.")
+    groups: dict[str, GroupHistory] = Field(
+        description="Each dependency group, or those the request's `groups` and `group` chose."
+    )
 
 
 class GateHistoryBody(BaseModel):

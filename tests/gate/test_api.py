@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import platform
 import re
 import threading
@@ -313,6 +314,8 @@ def test_a_group_s_lag_over_all_partitions_is_the_sum_of_its_partitions(api: Har
     api.publish(*ARTICLE)
     text = api.client.get("/metrics").text
     assert series(text, "gate_group_partition_series") == {'{gate="service-a"}': 1.0}
+    for name in PER_GROUP_AND_PARTITION:
+        assert series(text, name), name
     for group in ("CG-B", "CG-C"):
         parts = {k: v for k, v in series(text, "gate_dependency_lag").items() if group in k}
         assert len(parts) == 3
@@ -328,14 +331,19 @@ def test_a_group_s_lag_over_all_partitions_is_the_sum_of_its_partitions(api: Har
     }
 
 
-def test_beyond_the_limit_a_gate_s_groups_have_series_over_all_partitions_alone() -> None:
+def test_beyond_the_limit_a_gate_s_groups_have_series_over_all_partitions_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """2 groups x 3 partitions are beyond a limit of 5: no series per group and partition
     (a fleet's would be hundreds of thousands), the groups' series over all partitions and
     their missing partitions as before."""
     harness = Harness(status={"metrics_group_partitions_max": 5})
-    with harness.client:
+    with harness.client, caplog.at_level(logging.WARNING, "gate.metrics"):
         harness.publish({0: 30, 1: 30}, ARTICLE[1])  # CG-B has no commit on partition 2
         text = harness.client.get("/metrics").text
+        harness.client.get("/metrics")
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
+    assert warning.startswith("gate service-a: 6 groups x partitions exceed")
     assert series(text, "gate_group_partition_series") == {'{gate="service-a"}': 0.0}
     for name in PER_GROUP_AND_PARTITION:
         assert series(text, name) == {}, name
