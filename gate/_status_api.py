@@ -33,14 +33,18 @@ STATUS_PAGE = STATIC / "index.html"
 GroupsQuery = Annotated[
     GroupsShown,
     Query(
-        description="Which groups each partition lists: every dependency group (all), the "
-        "ones holding it back (holding), or none; plus those named by `group`. At hundreds "
-        "of groups, `holding` keeps the answer small."
+        description="Which groups each partition (or history point) lists: every dependency "
+        "group (all), the ones holding it back (holding), or none; plus those named by "
+        "`group`. At hundreds of groups, `holding` keeps the answer small."
     ),
 ]
 GroupQuery = Annotated[
     list[str] | None,
-    Query(max_length=100, description="A dependency group each partition lists (repeatable)."),
+    Query(
+        max_length=100,
+        description="A dependency group to list as well, whatever `groups` says (repeatable, "
+        "at most 100).",
+    ),
 ]
 
 STOPPING_EVENT = ServerSentEvent(
