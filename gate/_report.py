@@ -233,12 +233,11 @@ def gate_status(
 ) -> dict[str, Any]:
     """The summary, and per partition its offsets and the positions of the groups ``groups``
     and ``named`` choose: at 1,000 groups x 64 partitions every position makes a 10 MB
-    answer, the ones holding a partition back a few kilobytes."""
+    answer, the ones holding each partition back 0.1–1.2 MB (most of it the summary)."""
     body = gate_summary(state, now, stale_after, errors)
     times: dict[float, str] = {}  # most groups moved at one of a few polls
     body["partitions"] = [
-        _partition(part, now, times, None if groups == "all" else (groups == "holding", named))
-        for part in state.partitions.values()
+        _partition(part, now, times, groups, named) for part in state.partitions.values()
     ]
     return body
 
@@ -256,14 +255,14 @@ def _partition(
     part: PartitionState,
     now: float,
     times: dict[float, str],
-    chosen: tuple[bool, Collection[str]] | None,
+    groups: GroupsShown,
+    named: Collection[str],
 ) -> dict[str, Any]:
-    """One partition's detail: with ``chosen`` (whether the holding groups, which groups by
-    name) only those groups' positions, else every group's."""
+    """One partition's detail, with the positions of the groups ``groups`` and ``named``
+    choose."""
     positions = position_tuples(part.groups)
-    if chosen is not None:
-        holding, named = chosen
-        wanted = [*part.holding, *named] if holding else named
+    if groups != "all":
+        wanted = [*part.holding, *named] if groups == "holding" else named
         positions = {group: positions[group] for group in wanted if group in positions}
     return {
         "topic": part.topic,

@@ -157,19 +157,15 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
         group: GroupQuery = None,
     ) -> Response:
         """One point per ``status.history_step_ms`` over the last 15 minutes: per group
-        (those ``groups`` and ``group`` choose; ``holding``: the groups holding a partition
-        back now) its lag in records and seconds, and the sum of the watermarks (its rise is
-        the release rate), records held back and released records the dependent has not
-        processed."""
+        (those ``groups`` and ``group`` choose; ``holding``: the groups holding records back
+        now, as the verdict names them) its lag in records and seconds, and the sum of the
+        watermarks (its rise is the release rate), records held back and released records
+        the dependent has not processed."""
         named = _named(gate, group)
         chosen: Collection[str] | None = None
         if groups != "all":
             state = service.store.latest(gate)
-            holding = (
-                [g for part in state.partitions.values() for g in part.holding]
-                if groups == "holding" and state is not None
-                else []
-            )
+            holding = state.verdict.holding if groups == "holding" and state else ()
             chosen = dict.fromkeys([*holding, *named])
         history = service.store.history[gate].to_json(chosen)
         return JSONResponse({"gate": gate, "now": time.time(), **history})
