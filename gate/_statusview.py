@@ -21,6 +21,17 @@ STATUS_STYLES = {
 }
 
 
+FLEET_GROUPS = 12
+"""A gate with more dependency groups is shown as a fleet, as on the status page: its detail
+is asked for the groups holding each partition back alone (``?groups=holding``; every
+group's is megabytes at 1,000 groups), and its partitions table has no column per group
+("held back by" names them)."""
+
+
+def _fleet(summary: Mapping[str, Any]) -> bool:
+    return len(summary["groups"]) > FLEET_GROUPS
+
+
 class StatusError(Exception):
     """The gate could not be asked (unreachable, refused the token, unknown gate)."""
 
@@ -54,7 +65,11 @@ class StatusClient:
         if gate is not None and gate not in service["gates"]:
             known = ", ".join(service["gates"]) or "none"
             raise StatusError(f"no gate named {gate!r} (gates: {known})")
-        details = [self.get(f"/status/{name}") for name in names if service["gates"].get(name)]
+        details = [
+            self.get(f"/status/{name}" + ("?groups=holding" if _fleet(summary) else ""))
+            for name in names
+            if (summary := service["gates"].get(name))
+        ]
         return service, details
 
     def view(self, gate: str | None, limit: int) -> Group:
@@ -159,14 +174,15 @@ def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:
         title=f"partitions ({len(shown)} of {len(partitions)}, most records waiting first)",
         title_justify="left",
     )
-    columns = ("topic", "partition", "end", "watermark", "waiting", "oldest", *groups)
+    shown_groups = [] if _fleet(status) else list(groups)
+    columns = ("topic", "partition", "end", "watermark", "waiting", "oldest", *shown_groups)
     for column in (*columns, "held back by"):
         part_table.add_column(
             column, justify="left" if column in ("topic", "held back by") else "right"
         )
     for p in shown:
         cells = []
-        for g in groups:
+        for g in shown_groups:
             pos = p["groups"].get(g)
             if pos is None:
                 cells.append("")

@@ -226,6 +226,32 @@ def test_status_explains_who_holds_which_partition(kafka: Kafka) -> None:
         assert_no_traceback(each)
 
 
+def test_status_of_a_fleet_asks_for_the_holding_groups_and_names_them(kafka: Kafka) -> None:
+    """More than 12 groups: no column per group (the terminal would be 13 columns wider), the
+    detail asked for the groups holding each partition back alone."""
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 10, 1: 10})
+    groups = [unique(f"fleet{i:02}") for i in range(13)]
+    for group in groups[1:]:
+        kafka.commit(group, topic, {0: 10, 1: 10})
+    kafka.commit(groups[0], topic, {0: 10, 1: 4})
+    config = gate_config(kafka.bootstrap, {"fleet": {"topics": [topic], "depends_on": groups}})
+    with serve_gate(config) as gate:
+        wait_until(lambda: httpx.get(f"{gate.url}/status/fleet").status_code == 200)
+        result = run("status", "--url", gate.url)
+    assert result.returncode == 0, result.stderr
+    assert_no_traceback(result)
+    rows = {
+        line.split("│")[2].strip(): line for line in result.stdout.splitlines() if topic in line
+    }
+    assert set(rows) == {"0", "1"}
+    assert rows["1"].rstrip(" │").endswith(groups[0])
+    assert len(rows["1"].split("│")) == len(rows["0"].split("│")) == 9  # 7 columns, no group's
+    header = next(line for line in result.stdout.splitlines() if "watermark" in line)
+    assert not any(group in header for group in groups)
+    assert f"{groups[5]}" in result.stdout  # the groups table lists every group
+
+
 def test_status_shows_a_missing_topic_and_a_group_far_behind(kafka: Kafka) -> None:
     topic = kafka.create_topic(1)
     kafka.produce(topic, {0: 30})
