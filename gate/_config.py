@@ -147,8 +147,9 @@ class GateConfig(_Strict):
     of every partition it is read on is not read again for up to this long while it stays
     there (no record arrives past it; each group is read again at a random point of the
     interval's second half, so reads spread over polls); its last read counts meanwhile.
-    Records that arrive wake it in the same poll, so no watermark rises on an old read; a
-    rewind or lost offsets of an idle group are seen up to this late."""
+    Records that arrive, or an end offset that goes down, wake it in the same poll, so no
+    watermark rises on an old read; a rewind or lost offsets of an idle group are seen up to
+    this late."""
     poller_niceness: int = Field(default=10, ge=0, le=19)
     """How much lower the CPU priority of the admin client's process (it polls and evaluates
     the gates) is than that of the process serving HTTP (a Unix niceness increment; 0: the

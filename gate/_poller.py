@@ -61,6 +61,7 @@ class OffsetPoller:
         self._idle_interval = idle_interval
         self._reads: dict[str, _Read] = {}  # each group's last successful read
         self._ends: dict[Partition, int] = {}  # the end offsets of the last poll
+        self._last_ends: dict[Partition, int] = {}  # each partition's end as last read
         self._keys: dict[str, list[Partition]] = {}  # the partitions each group is read on
         self._asked: dict[str, list[TopicPartition]] = {}  # the same, as asked
 
@@ -123,7 +124,10 @@ class OffsetPoller:
 
     def _at_end(self, group: str, ends: Mapping[Partition, int]) -> bool:
         """Whether the group's last read had it at the end of every partition it is read on,
-        by ``ends``; remembered with the read while the end offsets stay the same mapping."""
+        by ``ends``; remembered with the read while the end offsets stay the same mapping.
+
+        At the end means at it exactly: an offset beyond the end (committed on the log a
+        deleted and recreated topic had before) is no read of this log, and is read again."""
         read = self._reads.get(group)
         if read is None:
             return False
@@ -132,10 +136,27 @@ class OffsetPoller:
         offsets = read.offsets
         for key in self._keys[group]:
             offset, end = offsets.get(key), ends.get(key)
-            if offset is None or end is None or offset < end:
+            if offset is None or offset != end:
                 return False
         self._reads[group] = read._replace(ends=ends)
         return True
+
+    def _forget_moved_back(self, ends: Mapping[Partition, int]) -> None:
+        """Forget the last read of every group read on a topic where an end offset in ``ends``
+        is below the one last read there (the topic was deleted and recreated, or truncated):
+        no read of the log before counts on the log now, so those groups are read afresh."""
+        last_ends = self._last_ends
+        moved_back = {
+            topic
+            for (topic, partition), end in ends.items()
+            if end < last_ends.get((topic, partition), end)
+        }
+        last_ends.update(ends)
+        if not moved_back:
+            return
+        for group in list(self._reads):
+            if not moved_back.isdisjoint(self._topics_by_group[group]):
+                del self._reads[group]
 
     def _idle(self, now: float) -> set[str]:
         """Groups that need not be read in the poll starting at ``now``: not yet due, and
@@ -215,10 +236,13 @@ class OffsetPoller:
             errors.append(end_error)
         if end_offsets == self._ends:
             end_offsets = self._ends  # the same mapping: idle groups are still at the end
+        else:
+            self._forget_moved_back(end_offsets)
         self._ends = end_offsets
 
-        # Idle groups are read after all when records arrived past them (or an end is unknown):
-        # the offsets that count for a watermark never come from a read older than the records.
+        # Idle groups are read after all when records arrived past them, an end is unknown or
+        # went down: the offsets that count for a watermark never come from a read older than
+        # the records, nor from a log the partition no longer has.
         woken = [group for group in idle if not self._at_end(group, end_offsets)]
         if woken:
             more = self._ask(woken, errors, failed_groups)

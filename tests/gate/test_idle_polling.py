@@ -1,16 +1,22 @@
-"""Idle groups read less often (``idle_poll_interval_ms``), on a real broker: a group found at
-the end of every partition is not read again until the idle interval passes, while records
-arriving past it wake it in the same poll, so no watermark ever rises on an old read."""
+"""Idle groups read less often (``idle_poll_interval_ms``), on a real broker and on a scripted
+admin client: a group found at the end of every partition is not read again until the idle
+interval passes, while records arriving past it wake it in the same poll, so no watermark ever
+rises on an old read. An offset beyond the end is never at the end, and an end offset that
+goes down (the topic deleted and recreated) wakes every idle group of its topic."""
 
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import httpx
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 
-from gate import GateEvaluator, PollResult
+from gate import DependencyStatus, GateEvaluator, PollResult
 from gate._isolated import IsolatedPoller
 from gate._poller import OffsetPoller
+from tests.gate.scripted import ScriptedAdmin
 from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 
 
@@ -97,3 +103,115 @@ def test_the_status_shows_how_old_carried_offsets_are(kafka: Kafka) -> None:
         assert "gate_poll_groups_carried 1.0" in metrics
         # The dependent's own group (no commits: not caught up) is read at every poll too.
         assert "gate_poll_groups_read 2.0" in metrics
+
+
+def scripted_poller(admin: ScriptedAdmin, topics_by_group: dict[str, list[str]]) -> OffsetPoller:
+    """A poller that reads idle groups every 600 s and partition counts once: a topic deleted
+    and recreated with as many partitions between two metadata reads."""
+    return OffsetPoller(
+        {"bootstrap.servers": "scripted:9092"},
+        topics_by_group,
+        admin=cast(AdminClient, admin),
+        idle_interval=600.0,
+        metadata_interval=600.0,
+    )
+
+
+def test_an_end_offset_that_goes_down_wakes_the_idle_groups_of_its_topic() -> None:
+    """The topic is deleted and recreated with fewer records, and its group's offsets go with
+    it: the group's read of the old log (100, beyond the new end) is not carried, so its
+    records are not released on it. An idle group of another topic stays idle."""
+    admin = ScriptedAdmin({"orders": 1, "audit": 1})
+    admin.ends = {("orders", 0): 100, ("audit", 0): 5}
+    admin.committed = {"CG-orders": {("orders", 0): 100}, "CG-audit": {("audit", 0): 5}}
+    poller = scripted_poller(admin, {"CG-orders": ["orders"], "CG-audit": ["audit"]})
+    evaluator = GateEvaluator("a", ["orders"], ["CG-orders"])
+    polls = [poller.poll(), poller.poll()]
+    assert set(polls[-1].carried) == {"CG-orders", "CG-audit"}
+    admin.ends[("orders", 0)] = 50  # deleted and recreated: 50 records on the new log
+    del admin.committed["CG-orders"]
+    reads = admin.group_reads
+    polls.append(poller.poll())
+    assert admin.group_reads == reads + 1  # the woken group alone
+    assert set(polls[-1].carried) == {"CG-audit"}
+    assert polls[-1].committed["CG-orders"] == {}
+    states = [evaluator.observe(p) for p in polls]
+    assert [s.snapshot.watermarks[("orders", 0)] for s in states] == [100, 100, None]
+    assert states[-1].groups["CG-orders"] == DependencyStatus.MISSING
+    # Read at every poll now (no committed offset); committed on the new log, then idle again.
+    admin.committed["CG-orders"] = {("orders", 0): 50}
+    polls += [poller.poll(), poller.poll()]
+    assert ["CG-orders" in p.carried for p in polls[3:]] == [False, True]
+    assert evaluator.observe(polls[-1]).snapshot.watermarks[("orders", 0)] == 50
+
+
+def test_a_committed_offset_beyond_the_end_is_not_at_the_end() -> None:
+    """A group's offset past the end of the log (committed on the log a recreated topic had
+    before, and kept by the broker) is read at every poll: it is the truth while it is read,
+    never carried; its deletion is seen at the next poll."""
+    admin = ScriptedAdmin({"orders": 2})
+    admin.ends = {("orders", 0): 50, ("orders", 1): 7}
+    admin.committed = {"CG": {("orders", 0): 100, ("orders", 1): 7}}
+    poller = scripted_poller(admin, {"CG": ["orders"]})
+    evaluator = GateEvaluator("a", ["orders"], ["CG"])
+    polls = [poller.poll(), poller.poll()]
+    assert [p.carried for p in polls] == [{}, {}]
+    assert polls[-1].committed["CG"] == {("orders", 0): 100, ("orders", 1): 7}  # not clamped
+    del admin.committed["CG"]
+    polls.append(poller.poll())
+    assert polls[-1].carried == {} and polls[-1].committed["CG"] == {}
+    states = [evaluator.observe(p) for p in polls]
+    assert [s.snapshot.watermarks[("orders", 0)] for s in states] == [100, 100, None]
+    assert states[-1].groups["CG"] == DependencyStatus.MISSING
+
+
+def test_a_carried_read_is_at_the_end_of_every_partition_it_is_read_on() -> None:
+    """Whatever the end offsets do, an offset carried is the end of its partition at that
+    poll: a carried read never puts a watermark beyond the end of the log."""
+    admin = ScriptedAdmin({"orders": 2})
+    admin.ends = {("orders", 0): 100, ("orders", 1): 100}
+    admin.committed = {"CG": {("orders", 0): 100, ("orders", 1): 100}}
+    poller = scripted_poller(admin, {"CG": ["orders"]})
+    for end in [100, 100, 40, 40, 100, 100, 100, 0, 0, 100, 100, 120, 120]:
+        admin.ends[("orders", 0)] = end  # recreated, grown, or emptied again
+        poll = poller.poll()
+        for group in poll.carried:
+            for tp, offset in poll.committed[group].items():
+                assert offset == poll.end_offsets[tp]
+
+
+def test_a_recreated_topic_wakes_its_idle_groups(kafka: Kafka) -> None:
+    """A topic deleted and recreated with fewer records between two metadata reads: its idle
+    group's read of the old log is not carried into the new one."""
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 100})
+    group = unique("CG")
+    kafka.commit(group, topic, {0: 100})
+    poller = OffsetPoller(
+        {"bootstrap.servers": kafka.bootstrap},
+        {group: [topic]},
+        idle_interval=600.0,
+        metadata_interval=600.0,
+    )
+    evaluator = GateEvaluator("a", [topic], [group])
+    polls = [poller.poll(), poller.poll()]
+    assert group in polls[-1].carried
+    for future in kafka.admin.delete_topics([topic]).values():
+        future.result(10)
+    wait_until(lambda: topic not in kafka.admin.list_topics(timeout=5).topics, what="deleted")
+    kafka.create_topic(1, name=topic)
+    kafka.produce(topic, {0: 50})
+    # Tansu deletes a deleted topic's group offsets, noida-db keeps them: the group is deleted
+    # too, so that it has no committed offset on either.
+    for future in kafka.admin.delete_consumer_groups([group]).values():
+        try:
+            future.result(10)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
+                raise
+    polls.append(poller.poll())
+    assert polls[-1].end_offsets[(topic, 0)] == 50
+    assert group not in polls[-1].carried and polls[-1].committed[group] == {}
+    states = [evaluator.observe(p) for p in polls]
+    assert [s.snapshot.watermarks[(topic, 0)] for s in states] == [100, 100, None]
+    assert states[-1].groups[group] == DependencyStatus.MISSING
