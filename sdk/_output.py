@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -107,21 +107,59 @@ def _check_headers(headers: Headers) -> None:
 
 
 def outputs_of(returned: Any) -> list[Output]:
-    """The outputs in a handler's return value. Values that hold no ``Output`` at all are
-    ignored (a handler written before outputs existed may return anything); a list mixing
-    outputs with other values is an error."""
-    if type(returned) is Output:
+    """The outputs in a handler's return value: one ``Output`` (a subclass's too), or any
+    iterable of them (a list, a tuple, a set, a generator, a ``map``...), taken once and in
+    its order. Values that hold no ``Output`` at all are ignored (a handler written before
+    outputs existed may return anything); a value holding outputs in a form the engine cannot
+    take (mixed with other values, nested, in a mapping, an async generator) is an error,
+    raised as ``TypeError`` (the input fails)."""
+    if type(returned) is list or type(returned) is tuple:  # (the common case, first)
+        found = returned
+    elif isinstance(returned, Output):
         return [returned]
-    if isinstance(returned, list | tuple) and returned:
-        found = [value for value in returned if isinstance(value, Output)]
-        if found and len(found) != len(returned):
-            odd = next(value for value in returned if not isinstance(value, Output))
-            raise TypeError(
-                f"the handler returned a list holding {type(odd).__name__}: return None, an "
-                "Output or a list of Outputs"
-            )
-        return found
+    elif isinstance(returned, _NOT_OUTPUTS):
+        return []
+    elif isinstance(returned, Mapping):
+        if any(_holds_outputs(value) for value in returned.values()):
+            raise TypeError(_WRONG_FORM.format(kind="a mapping"))
+        return []
+    elif isinstance(returned, Iterable):
+        found = list(returned)
+    elif isinstance(returned, AsyncIterable):
+        raise TypeError(_WRONG_FORM.format(kind="an async iterable"))
+    else:
+        return []
+    if not found:
+        return []
+    outputs = [value for value in found if isinstance(value, Output)]
+    if len(outputs) == len(found):
+        return outputs if type(outputs) is list else list(outputs)
+    if outputs:
+        odd = next(value for value in found if not isinstance(value, Output))
+        raise TypeError(
+            f"the handler returned outputs mixed with {type(odd).__name__}: return None, an "
+            "Output or an iterable of Outputs"
+        )
+    if any(_holds_outputs(value) for value in found):
+        raise TypeError(_WRONG_FORM.format(kind="nested iterables"))
     return []
+
+
+_NOT_OUTPUTS = (str, bytes, bytearray, memoryview)
+_WRONG_FORM = (
+    "the handler returned outputs in {kind}: return None, an Output or an iterable of Outputs"
+)
+
+
+def _holds_outputs(value: Any) -> bool:
+    """Whether a value (not itself an output) holds outputs one level down."""
+    if isinstance(value, Output):
+        return True
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(isinstance(inner, Output) for inner in value)
+    if isinstance(value, Mapping):
+        return any(isinstance(inner, Output) for inner in value.values())
+    return False
 
 
 class Deliveries:
@@ -391,11 +429,16 @@ class Outputs:
 
         def delivered(error: KafkaError | None, _: Any) -> None:
             if error is not None:
-                self.failures += 1
-                self.broken = f"an output's delivery failed: {error.str()}"
-                self._blame(sources, error.str())
+                self.break_transaction(sources, f"an output's delivery failed: {error.str()}")
 
         return delivered
+
+    def break_transaction(self, sources: list[Source], why: str) -> None:
+        """Something written into the open transaction for ``sources`` failed: the
+        transaction must be aborted, and the inputs are blamed for it."""
+        self.failures += 1
+        self.broken = why
+        self._blame(sources, why)
 
     def _blame(self, sources: list[Source], why: str) -> None:
         for source in sources:

@@ -3,7 +3,9 @@ inputs' offsets (pure parts: the engine's use of them is tested on real brokers)
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import given
@@ -40,10 +42,64 @@ def test_outputs_of_reads_what_a_handler_may_return() -> None:
     assert outputs_of([one, two]) == [one, two]
     assert outputs_of((two,)) == [two]
     # Return values that hold no Output at all are ignored (handlers from before outputs).
-    for ignored in (None, 3, "text", [], [1, 2], {"a": one}):
+    for ignored in (None, 3, "text", b"raw", [], [1, 2], {"a": 1}, iter([1]), {1, 2}):
         assert outputs_of(ignored) == []
-    with pytest.raises(TypeError, match="list holding int"):
+    with pytest.raises(TypeError, match="mixed with int"):
         outputs_of([one, 3])
+
+
+class Enriched(Output):
+    """An application's own kind of output."""
+
+    __slots__ = ()
+
+
+def test_outputs_of_takes_any_iterable_and_any_output() -> None:
+    """A generator, a set, a ``map`` object, a tuple, a list, an ``Output`` subclass: each is
+    taken whole, in its order (these were ignored, and their inputs committed without
+    outputs)."""
+    one, two = Output("t", b"1"), Output("t", b"2")
+    mine = Enriched("t", b"3")
+
+    def generated() -> Iterator[Output]:
+        yield one
+        yield two
+
+    assert outputs_of(generated()) == [one, two]
+    assert outputs_of(x for x in (one, two)) == [one, two]
+    assert sorted(outputs_of({one, two})) == sorted([one, two])
+    assert outputs_of(map(lambda v: Output("t", v), [b"1", b"2"])) == [one, two]
+    assert outputs_of(frozenset([one])) == [one]
+    assert outputs_of(mine) == [mine]
+    assert outputs_of([mine, one]) == [mine, one]
+    assert outputs_of(iter([])) == []
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [
+        pytest.param({"a": Output("t", b"v")}, id="mapping"),
+        pytest.param([[Output("t", b"v")]], id="nested-list"),
+        pytest.param(([Output("t", b"v")], [Output("t", b"w")]), id="tuple-of-lists"),
+        pytest.param((x for x in [(Output("t", b"v"),)]), id="generator-of-tuples"),
+        pytest.param([Output("t", b"v"), None], id="mixed-with-none"),
+    ],
+)
+def test_outputs_in_a_form_the_engine_cannot_take_fail_the_input(returned: object) -> None:
+    with pytest.raises(TypeError, match="handler returned outputs"):
+        outputs_of(returned)
+
+
+def test_an_async_generator_fails_the_input() -> None:
+    async def produced() -> AsyncIterator[Output]:
+        yield Output("t", b"v")
+
+    generator = produced()
+    try:
+        with pytest.raises(TypeError, match="async iterable"):
+            outputs_of(generator)
+    finally:
+        asyncio.run(generator.aclose())
 
 
 class _Error:

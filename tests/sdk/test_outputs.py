@@ -1056,7 +1056,7 @@ def test_a_list_mixing_outputs_and_other_values_fails_its_input(kafka: Kafka) ->
     finally:
         engine.stop()
     assert [(o, type(e)) for o, e in failures] == [(4, TypeError)]
-    assert "returned a list holding int" in str(failures[0][1])
+    assert "outputs mixed with int" in str(failures[0][1])
     assert sorted(letters_by_offset(read_committed(kafka, dlt, 1, 1))) == [4]
     found = copies(read_committed(kafka, out, 1, count - 2))
     assert found == Counter({(0, o, 0): 1 for o in range(count) if o not in (2, 4)})
