@@ -41,8 +41,9 @@ class Committer:
     def release(self) -> None:
         """A rebalance waits for the records in flight: let waiting workers go on."""
 
-    def lost(self, consumer: Consumer) -> None:
-        """Partitions were lost (their offsets can no longer be committed)."""
+    def lost(self, consumer: Consumer, running: bool = True) -> None:
+        """Partitions were lost (their offsets can no longer be committed); ``running``:
+        records of theirs were in flight."""
 
     def commit(
         self,

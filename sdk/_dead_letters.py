@@ -3,6 +3,14 @@
 A record sent here counts as done only once the broker acknowledged its copy; a failed write
 is retried every second for as long as it takes (the commit waits meanwhile). Everything
 runs on the consumer's thread: delivery reports arrive in :meth:`DeadLetters.poll`.
+
+In transactional mode the copy goes into the open transaction and counts as done at once
+(it commits with its original's offset). A copy whose delivery fails breaks the transaction
+(it is aborted) and counts against its original like an output that broke one; once an
+original's copies broke ``limit`` transactions (the dead-letter topic missing, say), its
+copy is held out of the transactions: the original is held (the commit of its partition
+stays below it, every other partition commits), and its copy is tried again in a
+transaction after 5 s, then at doubling intervals up to a minute.
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ HEADERS = (
     "dlt.attempts",
 )
 RETRY_AFTER = 1.0
+HELD_RETRY_FIRST = 5.0
+"""Seconds before a held copy (transactional) is tried again in a transaction, at first."""
+HELD_RETRY_MAX = 60.0
 
 
 class DeadLetters:
@@ -37,9 +48,12 @@ class DeadLetters:
         new_producer: Callable[[], Producer],
         clock: Callable[[], float] = time.time,
         transaction: Outputs | None = None,
+        limit: int = 3,
     ) -> None:
         self.topic = topic
         self.transaction = transaction  # copies go into the open transaction
+        self.limit = limit  # transactions an original's copies may break before it is held
+        self._held: dict[tuple[str, int, int], tuple[float, float]] = {}  # next try, interval
         self.core = core
         self._new_producer = new_producer
         self._clock = clock
@@ -56,6 +70,9 @@ class DeadLetters:
         message: Message = entry.payload
         error = entry.last_error
         topic, partition = entry.tp
+        source = (topic, partition, entry.offset)
+        if transaction is not None and not self._may_try(source, entry):
+            return
         headers = list(message.headers() or [])
         headers += [
             ("dlt.original.topic", topic.encode()),
@@ -68,7 +85,9 @@ class DeadLetters:
         def delivered(err: KafkaError | None, _: Any) -> None:
             if self.transaction is not None:
                 if err is not None:
-                    self.transaction.broken = f"a dead-letter copy failed: {err.str()}"
+                    self.transaction.break_transaction(
+                        [source], f"a dead-letter copy failed: {err.str()}"
+                    )
             elif err is None:
                 self.core.dead_lettered(entry, self._clock())
             else:
@@ -90,6 +109,36 @@ class DeadLetters:
             # together (a failed delivery aborts the transaction).
             self.transaction.in_transaction += 1
             self.core.dead_lettered(entry, self._clock())
+
+    def _may_try(self, source: tuple[str, int, int], entry: Entry) -> bool:
+        """Transactional: whether the copy may go into the open transaction now. An original
+        whose copies broke ``limit`` transactions is held: its copy is tried again at
+        growing intervals (meanwhile it waits in the retries, and its partition's commit
+        stays below it)."""
+        assert self.transaction is not None
+        breaks, why = self.transaction.broke(source)
+        if breaks < self.limit:
+            return True
+        now = self._clock()
+        at, interval = self._held.get(source, (0.0, 0.0))
+        if not interval:
+            interval = HELD_RETRY_FIRST
+            at = now + interval
+            log.error(
+                "the dead-letter copy of %r broke %d transactions (%s): it is held, and its "
+                "partition's commit stays below it; its copy is tried again in %.0f s",
+                entry,
+                breaks,
+                why,
+                interval,
+            )
+        elif now >= at:
+            interval = min(HELD_RETRY_MAX, interval * 2)
+            self._held[source] = (now + interval, interval)
+            return True
+        self._held[source] = (at, interval)
+        self._retry.append((at, entry))
+        return False
 
     def _failed(self, entry: Entry, why: str) -> None:
         log.warning("dead-letter write of %s failed, will retry: %s", repr(entry), why)

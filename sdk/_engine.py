@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from gate import KafkaLog
@@ -35,7 +35,14 @@ from sdk._maps import OffsetMaps, choose_store
 from sdk._options import CONSUMER_ONLY, CommitMode, Options, OptionsError
 from sdk._output import Awaiting, Outputs
 from sdk._rebalance import Rebalancer
-from sdk._runners import AsyncRunner, Runner, ThreadRunner, Work, is_coroutine_handler
+from sdk._runners import (
+    BREAKS_BEFORE_HOLDING,
+    AsyncRunner,
+    Runner,
+    ThreadRunner,
+    Work,
+    is_coroutine_handler,
+)
 from sdk._sizing import ItemSizer
 from sdk._transactions import TransactionalCommitter, transactional_id
 
@@ -214,6 +221,11 @@ class ParallelConsumer(ConsumerLoop):
         try:
             self._open()
             self._loop()
+        except KafkaException as exc:  # a client's fatal error, raised by one of its calls
+            error = exc.args[0] if exc.args else None
+            text = error.str() if isinstance(error, KafkaError) else str(exc)
+            self._error = EngineError(f"a Kafka client failed for good: {text}")
+            raise self._error from None
         except BaseException as exc:
             self._error = exc
             raise
@@ -359,6 +371,7 @@ class ParallelConsumer(ConsumerLoop):
                 self._new_producer,
                 self._time,
                 self._outputs if self.transactional else None,
+                limit=self.options.max_attempts or BREAKS_BEFORE_HOLDING,
             )
         if self.gate is not None:
             self._owns_gate = not self.gate._started

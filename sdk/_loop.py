@@ -332,13 +332,26 @@ class ConsumerLoop:
     def _serve_outputs(self, now: float) -> None:
         """Serve the producer's delivery reports; items whose outputs are all acknowledged
         (or failed) are done (their failures applied)."""
-        self._outputs.poll()
+        try:
+            self._outputs.poll()
+        except KafkaException as exc:  # a fatal error of the producer, raised by its poll
+            self._output_producer_failed(exc)
         acknowledging = self._acknowledging
         if not acknowledging:
             return
         settled = [i for i, results in acknowledging.items() if results.deliveries.settled]
         for item_id in settled:
             self._apply(item_id, acknowledging.pop(item_id).settle(), now)
+
+    def _output_producer_failed(self, exc: KafkaException) -> None:
+        """The producer of outputs failed for good. Transactional: the committer decides
+        (fenced: the consumer stops; otherwise a new producer). At least once: the consumer
+        stops (what was acknowledged is committed; the rest runs again after a restart)."""
+        failed = getattr(self._committer, "failed", None)
+        if failed is not None:
+            failed(exc)
+            return
+        raise EngineError(f"the producer of outputs failed: {_text(exc)}") from None
 
     def _apply(self, item_id: int, results: list[Any], now: float) -> None:
         outcome = self.core.complete(item_id, results, now)
@@ -428,6 +441,11 @@ class ConsumerLoop:
     def _apply_pauses(self) -> None:
         if self._consumer is not None:
             self._rebalancer.reconcile(self._consumer)
+
+
+def _text(exc: BaseException) -> str:
+    error = exc.args[0] if exc.args else None
+    return error.str() if isinstance(error, KafkaError) else str(exc)
 
 
 def _report_stuck(entry: Entry) -> None:

@@ -1,8 +1,8 @@
 """Records a handler hands back (:class:`Output`), and the engine's producer that writes them.
 
-A handler returns ``None``, one ``Output`` or a list of them; workers produce them as soon as
-the handler returns, in the order of their inputs (so per shard in input order, per key or
-per partition), and for a batch handler in list order.
+A handler returns ``None``, one ``Output`` or an iterable of them; workers produce them as
+soon as the handler returns, in the order of their inputs (so per shard in input order, per
+key or per partition), and for a batch handler in its order.
 
 Two commit modes decide when an input with outputs counts as done:
 

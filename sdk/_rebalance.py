@@ -111,8 +111,9 @@ class Rebalancer:
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
+        running = bool(set(tps) & self.core.in_flight_partitions())
         self.core.drop(tps)
-        self.committer.lost(consumer)
+        self.committer.lost(consumer, running)
         log.warning(
             "lost %s (no commit possible; their records will be processed again)", names(tps)
         )

@@ -9,11 +9,42 @@ commits; then it opens the next transaction and lets the workers go on. So every
 transaction belongs to an input whose offset is in the same transaction, and outputs produced
 while a commit is in progress wait for the next transaction.
 
+The producer's life cycle (:attr:`TransactionalCommitter.state`)::
+
+    renewing --init ok--> between --begin ok--> open --close asked--> closing
+       ^  |                  ^                   |                      |
+       |  +--retriable: again on a later turn    |  lost with records    | no item holds
+       |     (nothing handed out meanwhile)       |  of its partitions    | the lock
+       |                                          |  running: abort       v
+       |                  +---------abort ok------+------------------ committing --ok--> between
+       |                                                                  |
+       +---- commit failed (its outcome unknown), abort failed, fatal ----+
+             but not fenced: a new producer (its init fences the old one)
+
+    any call failing "fenced" (or a fatal error naming it) --> dead
+
+- **open**: workers run items and produce into the transaction; **closing**: a close was
+  asked for and waits for the items holding the lock (they start no further record).
+- **committing**: ``send_offsets_to_transaction`` and ``commit_transaction``. An abortable
+  error, a retriable one or a timeout leaves the outcome of the commit unknown: the producer
+  is never asked to ``begin_transaction`` again (librdkafka has no defence yet against a
+  delayed ``EndTxn`` applying to a later transaction). A new producer takes its place.
+- **between**: no transaction is open; the next one begins as soon as no item holds the lock
+  (an abort while items ran: what they produce fails, since no transaction is open).
+- **renewing**: a new producer must finish ``init_transactions``, which fences the old one
+  and resolves its last transaction, before the committed offsets are read again and the
+  assigned partitions are sent back to them. A retriable failure (the broker unreachable:
+  librdkafka's "retry call to resume") is retried on a later turn, with nothing handed out
+  meanwhile, for as long as it takes; the consumer keeps polling, so it stays in its group.
+- **dead**: the producer was fenced by another with the same ``transactional.id`` (or failed
+  for good in a way a new producer cannot mend). No transactional call is made any more:
+  neither a commit on closing nor a new producer, which would fence the process that took
+  over. The consumer stops with :class:`TransactionError`.
+
 When a transaction cannot commit (a failed delivery, an abortable error, a rebalance that
-cannot wait for the records in flight), it is aborted: its outputs never become visible to
-``read_committed`` readers, and every assigned partition goes back to its last committed
-offset to be processed again. A fatal error (the producer fenced by a newer process with the
-same ``transactional.id``) stops the consumer.
+cannot wait for the records in flight, partitions lost while their records run), it is
+aborted: its outputs never become visible to ``read_committed`` readers, and every assigned
+partition goes back to its last committed offset to be processed again.
 """
 
 from __future__ import annotations
@@ -24,7 +55,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -38,8 +69,17 @@ log = logging.getLogger("sdk")
 
 TIMEOUT = 30.0
 """Seconds a transaction call (init, send offsets, commit, abort) may take."""
+RESUME_TIMEOUT = 1.0
+"""Seconds a retried ``init_transactions`` may take on a turn of the loop (the call resumes
+where the one before it timed out)."""
 _UNNAMED = itertools.count(1)
-_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+_FENCED = {
+    KafkaError._FENCED,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+}
+
+State = Literal["renewing", "between", "open", "closing", "committing", "dead"]
 
 
 class TransactionError(EngineError):
@@ -47,22 +87,42 @@ class TransactionError(EngineError):
 
 
 def transactional_id(group: str, config: Mapping[str, Any]) -> str:
-    """The ``transactional.id`` used when none is given: stable for the same group and the
-    same ``group.instance.id`` (or else ``client.id``), so a restarted process fences its
-    predecessor and aborts its open transaction at once. Without either, the host name, the
-    process id and a count of such consumers are used (a restart then waits for
-    ``transaction.timeout.ms``)."""
-    member = config.get("group.instance.id") or config.get("client.id")
+    """The ``transactional.id`` used when none is given. With ``group.instance.id`` (static
+    membership) it is ``<group.id>.<group.instance.id>``: stable across restarts, so a
+    restarted member fences its predecessor and aborts its open transaction at once.
+    Otherwise it is unique to the process (host name, process id and a count of such
+    consumers): never ``client.id``, which replicas of a service commonly share, and two
+    replicas sharing a ``transactional.id`` would fence each other."""
+    member = config.get("group.instance.id")
     if not member:  # (one more per consumer: two members in one process must not fence)
         member = f"{socket.gethostname()}-{os.getpid()}-{next(_UNNAMED)}"
-        log.warning(
-            "exactly-once without group.instance.id or client.id: transactional.id %s.%s is not "
-            "stable across restarts, so a crashed process's open transaction holds "
-            "read_committed readers until transaction.timeout.ms; set group.instance.id",
+        log.info(
+            "exactly-once without group.instance.id: transactional.id %s.%s is this "
+            "process's own, so after a crash read_committed readers of the outputs wait for "
+            "its open transaction to time out (transaction.timeout.ms); set group.instance.id "
+            "for a restarted member to abort it at once",
             group,
             member,
         )
     return f"{group}.{member}"
+
+
+def kind_of(exc: KafkaException) -> str:
+    """What a failed transactional call means: ``fenced`` (another producer took the
+    ``transactional.id`` over), ``fatal`` (the producer is unusable), ``abortable``,
+    ``retriable`` (including a timeout) or ``other``."""
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return "other"
+    if error.code() in _FENCED or (error.fatal() and "fenced" in error.str().lower()):
+        return "fenced"
+    if error.fatal():
+        return "fatal"
+    if error.txn_requires_abort():
+        return "abortable"
+    if error.retriable() or error.code() == KafkaError._TIMED_OUT:
+        return "retriable"
+    return "other"
 
 
 class TransactionalCommitter(Committer):
@@ -84,9 +144,10 @@ class TransactionalCommitter(Committer):
         self.settle = settle
         self.rewind = rewind
         self.monotonic = monotonic
-        self.open = False
-        self.renew = False  # the producer was replaced: initialise before the next begin
-        self.pending = False  # a close was asked for and waits for items in flight
+        self.state: State = "renewing"
+        self.rewind_due = False  # the partitions go back once the new producer is ready
+        self.init_calls = 0  # calls of init_transactions on the current producer
+        self.retrying_since: float | None = None  # retriable init failures (for the log)
         self.committed = 0
         self.aborted = 0
         self.seconds = 0.0  # spent closing transactions (sending offsets and committing)
@@ -96,51 +157,108 @@ class TransactionalCommitter(Committer):
         self.last_abort: str | None = None
 
     @property
+    def open(self) -> bool:
+        return self.state in ("open", "closing")
+
+    @property
+    def dead(self) -> bool:
+        return self.state == "dead"
+
+    @property
     def holding_back(self) -> bool:
-        return not self.open  # an item started now would wait for the next transaction
+        return not self.open or self.pending  # an item started now would wait
 
     def release(self) -> None:
         """Inside a revocation, which waits for the records in flight: a close waiting for
         items lets the workers it holds back go on (records of revoked partitions do not
         start), and closes with the revocation's own commit."""
-        if self.pending and self.open:
+        if self.pending and self.state == "closing":
             self.pending = False
+            self.state = "open"
             assert self.lock is not None
             self.lock.reopen()
 
-    def lost(self, consumer: Consumer) -> None:
-        """Outputs in the open transaction may belong to inputs of the lost partitions,
-        whose offsets can no longer be committed: abort it (the partitions still assigned
-        go back to their committed offsets)."""
-        if self.open and (self.outputs.in_transaction or self.outputs.broken):
-            self.abort(consumer, "partitions were lost with outputs in the open transaction")
+    def lost(self, consumer: Consumer, running: bool = True) -> None:
+        """Partitions were lost: their offsets can no longer be committed. The open
+        transaction is aborted when it may hold (or a record still running may put into it)
+        outputs of their inputs: ``running`` says whether records of the lost partitions
+        were in flight. (The partitions still assigned go back to their committed offsets.)"""
+        if not self.open:
+            return
+        if running or self.outputs.in_transaction or self.outputs.broken:
+            why = (
+                "partitions were lost while their records ran"
+                if running and not self.outputs.in_transaction
+                else "partitions were lost with outputs in the open transaction"
+            )
+            self.abort(consumer, why)
 
     def begin(self) -> None:
         """Initialise the producer (fencing and aborting a predecessor's open transaction)
-        and open the first transaction."""
-        producer = self.outputs.producer
-        try:
-            producer.init_transactions(TIMEOUT)
-        except KafkaException as exc:
-            raise TransactionError(f"could not initialise transactions: {_text(exc)}") from None
-        self._open_next()
+        and open the first transaction. A retriable failure (the broker not reachable yet)
+        is retried on the loop's turns."""
+        self.state = "renewing"
+        self._advance(None, TIMEOUT)
 
-    def _open_next(self) -> None:
-        if self.renew:  # a new producer: initialise it first
-            self.renew = False
+    def _advance(self, consumer: Consumer | None, timeout: float) -> None:
+        """Move towards an open transaction: finish initialising a new producer (then send
+        the partitions back to their committed offsets, when due), and begin a transaction
+        once no item holds the lock."""
+        if self.state == "renewing":
+            producer = self.outputs.producer
+            self.init_calls += 1
             try:
-                self.outputs.producer.init_transactions(TIMEOUT)
+                producer.init_transactions(timeout if self.init_calls == 1 else RESUME_TIMEOUT)
             except KafkaException as exc:
-                raise TransactionError(f"could not initialise transactions: {_text(exc)}") from None
+                kind = kind_of(exc)
+                if kind in ("retriable", "abortable"):
+                    self._still_renewing(exc)
+                    return
+                self.state = "dead"
+                raise TransactionError(
+                    f"could not initialise transactions: {_text(exc)}"
+                    + (_FENCED_HINT if kind == "fenced" else "")
+                ) from None
+            if self.retrying_since is not None:
+                log.warning(
+                    "the transactional producer is initialised again after %.0f s",
+                    self.monotonic() - self.retrying_since,
+                )
+                self.retrying_since = None
+            self.state = "between"
+        if self.rewind_due and consumer is not None:
+            self.rewind_due = False
+            self.rewind(consumer)
+        if self.state != "between":
+            return
+        assert self.lock is not None
+        if not self.lock.close():
+            self.pending = True  # items in flight: it opens once they are gone
+            return
         try:
             self.outputs.producer.begin_transaction()
         except KafkaException as exc:
-            raise TransactionError(f"could not begin a transaction: {_text(exc)}") from None
-        self.open = True
+            if kind_of(exc) == "fenced":
+                self._dies(exc)
+            self._renew(f"could not begin a transaction: {_text(exc)}")
+            return
+        self.state = "open"
+        self.pending = False
         self.outputs.in_transaction = 0
         self.outputs.broken = None
-        assert self.lock is not None
         self.lock.reopen()
+
+    def _still_renewing(self, exc: KafkaException) -> None:
+        now = self.monotonic()
+        if self.retrying_since is None:
+            self.retrying_since = now
+            log.warning(
+                "initialising the transactional producer failed (%s): retrying with nothing "
+                "handed out meanwhile",
+                _text(exc),
+            )
+        else:
+            log.debug("initialising the transactional producer: %s", _text(exc))
 
     def commit(
         self,
@@ -153,11 +271,19 @@ class TransactionalCommitter(Committer):
         """Close the open transaction and open the next. Not ``sync``: returns False while
         items in flight hold it (call again). ``sync``: waits up to ``wait`` seconds for them
         (applying their results), and aborts the transaction if they do not finish. ``tps``
-        is ignored: a transaction commits every partition's offsets."""
+        is ignored: a transaction commits every partition's offsets. Without an open
+        transaction it moves towards one (and, dead, does nothing)."""
+        if self.state == "dead":
+            self.pending = False
+            return True
+        if not self.open:
+            self._advance(consumer, TIMEOUT)
+            return True
         lock = self.lock
         assert lock is not None
         if not lock.close():
             if not sync:
+                self.state = "closing"
                 self.pending = True
                 return False
             deadline = self.monotonic() + wait
@@ -168,9 +294,10 @@ class TransactionalCommitter(Committer):
                     return True
                 self.settle(0.005)
         self.pending = False
+        self.state = "closing"
         self.settle(0.0)  # the results of the items that left the lock
-        if not self.open:  # aborted while items were in flight: they are gone now
-            self._open_next()
+        if not self.open:  # aborted while the results were applied
+            self._advance(consumer, TIMEOUT)
             return True
         if self.outputs.broken is not None:
             self.abort(consumer, self.outputs.broken)
@@ -182,6 +309,7 @@ class TransactionalCommitter(Committer):
         commits = core.commit_points(None, with_maps=maps.enabled)
         produced = self.outputs.in_transaction
         if not commits and not produced:
+            self.state = "open"
             lock.reopen()  # nothing to commit: the open transaction stays open
             return True
         offsets = [
@@ -192,6 +320,7 @@ class TransactionalCommitter(Committer):
         ]
         producer = self.outputs.producer
         started = self.monotonic()
+        self.state = "committing"
         try:
             if offsets:
                 producer.send_offsets_to_transaction(
@@ -199,11 +328,13 @@ class TransactionalCommitter(Committer):
                 )
             producer.commit_transaction(TIMEOUT)
         except KafkaException as exc:
-            self._failed(exc)
-            # Whether the broker applied what timed out is unknown, and requests still in
-            # flight may land after an abort: a new producer's initialisation fences them
-            # (a new epoch) and aborts the transaction before the committed offsets are read.
-            self.abort(consumer, f"the commit failed: {_text(exc)}", renew=True)
+            if kind_of(exc) == "fenced":
+                self._dies(exc)
+            # Whether the broker applied what failed is unknown, and requests still in
+            # flight may land after an abort: this producer begins no other transaction. A
+            # new producer's initialisation fences them (a new epoch) and resolves the
+            # transaction before the committed offsets are read again.
+            self._abort_by_renewal(consumer, f"the commit failed: {_text(exc)}")
             return True
         seconds = self.monotonic() - started
         self.committed += 1
@@ -213,16 +344,44 @@ class TransactionalCommitter(Committer):
         self.outputs_committed += produced
         core.commits_sent(commits)
         maps.store(commits)
-        self.open = False
-        self._open_next()
+        self.state = "between"
+        self._advance(consumer, TIMEOUT)
         self._acknowledged(offsets)
         return True
 
-    def abort(self, consumer: Consumer, why: str, renew: bool = False) -> None:
+    def abort(self, consumer: Consumer, why: str) -> None:
         """Abort the open transaction and process everything after the last committed
-        offsets again (its outputs are never visible to ``read_committed`` readers). With
-        ``renew`` (or when aborting fails) the producer is replaced instead, and the new one
-        initialised at once: that aborts the transaction and fences the old producer."""
+        offsets again (its outputs are never visible to ``read_committed`` readers). When
+        aborting fails, the producer is replaced instead: the new one's initialisation
+        aborts the transaction and fences the old producer."""
+        if self.state == "dead":
+            return
+        self._aborting(why)
+        if self.open or self.state == "committing":
+            try:
+                self.outputs.producer.abort_transaction(TIMEOUT)
+            except KafkaException as exc:
+                if kind_of(exc) == "fenced":
+                    self._dies(exc)
+                log.warning("aborting the transaction: %s (replacing the producer)", _text(exc))
+                self._renew(f"the abort failed: {_text(exc)}")
+                self.rewind_due = True
+                self._advance(consumer, TIMEOUT)
+                return
+        if self.state == "renewing":  # the old producer's last transaction is unresolved
+            self.rewind_due = True
+        else:
+            self.state = "between"
+            self.rewind(consumer)
+        self._advance(consumer, TIMEOUT)
+
+    def _abort_by_renewal(self, consumer: Consumer, why: str) -> None:
+        self._aborting(why)
+        self._renew(why)
+        self.rewind_due = True
+        self._advance(consumer, TIMEOUT)
+
+    def _aborting(self, why: str) -> None:
         self.aborted += 1
         self.last_abort = why
         log.warning(
@@ -230,60 +389,56 @@ class TransactionalCommitter(Committer):
             "offsets and their records are processed again",
             why,
         )
-        if self.open and not renew and not self.renew:
-            try:
-                self.outputs.producer.abort_transaction(TIMEOUT)
-            except KafkaException as exc:
-                self._failed(exc)
-                log.warning("aborting the transaction: %s (replacing the producer)", _text(exc))
-                renew = True
-        self.open = False
-        if renew and not self.renew:
-            self.renew = True
-            self.outputs.renew()
-        if self.renew:
-            self.renew = False
-            try:
-                self.outputs.producer.init_transactions(TIMEOUT)
-            except KafkaException as exc:
-                self._failed(exc)
-                raise TransactionError(f"could not initialise transactions: {_text(exc)}") from None
-        self.rewind(consumer)
-        assert self.lock is not None
-        if self.lock.close():
-            self._open_next()
-        else:  # items in flight would produce into the next one: it opens once they are gone
-            self.pending = True
 
-    def _failed(self, exc: KafkaException) -> None:
-        """A fatal error: fenced by another process (it stops the consumer), or the producer
-        is unusable otherwise (a sequence out of step after the broker stalled): a new one
-        takes its place, and its initialisation aborts the old one's open transaction."""
-        error = exc.args[0] if exc.args else None
-        if not isinstance(error, KafkaError) or not error.fatal():
-            return
-        if error.code() in _FENCED:
-            raise TransactionError(
-                f"the transactional producer was fenced: {error.str()} (another process with "
-                "the same transactional.id, or group.instance.id, has taken over)"
-            ) from None
-        log.warning("the transactional producer failed (%s): replacing it", error.str())
-        self.open = False
-        self.renew = True
+    def _renew(self, why: str) -> None:
+        """Let the producer go; a new one is initialised before the next transaction."""
+        log.info("replacing the transactional producer (%s)", why)
+        self.state = "renewing"
+        self.init_calls = 0
         self.outputs.renew()
+
+    def _dies(self, exc: KafkaException) -> None:
+        """Fenced: no further transactional call, ever (see the module's docstring)."""
+        self.state = "dead"
+        self.pending = False
+        raise TransactionError(
+            f"the transactional producer was fenced: {_text(exc)}{_FENCED_HINT}"
+        ) from None
+
+    def failed(self, exc: KafkaException) -> None:
+        """A fatal error reported outside a transactional call (the producer's poll):
+        fenced, the consumer stops; otherwise a new producer takes the place of the
+        unusable one, and its initialisation aborts the old one's open transaction."""
+        kind = kind_of(exc)
+        if kind == "fenced":
+            self._dies(exc)
+        if kind != "fatal" or self.state == "dead":
+            log.warning("the transactional producer reported: %s", _text(exc))
+            return
+        log.warning("the transactional producer failed (%s): replacing it", _text(exc))
+        if self.open or self.state == "committing":
+            self._aborting(f"the producer failed: {_text(exc)}")
+            self.rewind_due = True
+        self._renew(_text(exc))
 
     def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """(Offsets are committed in transactions: the consumer commits nothing itself.)"""
 
     def close(self) -> None:
         """Abort a transaction left open with outputs in it (after the last commit), so
-        ``read_committed`` readers are not held until it times out."""
+        ``read_committed`` readers are not held until it times out. (Dead: nothing.)"""
         if self.open and self.outputs.in_transaction:
             try:
                 self.outputs.producer.abort_transaction(5.0)
             except KafkaException as exc:
                 log.warning("aborting the last transaction: %s", _text(exc))
-        self.open = False
+        if self.state != "dead":
+            self.state = "between"
+
+
+_FENCED_HINT = (
+    " (another process with the same transactional.id, or group.instance.id, has taken over)"
+)
 
 
 def _text(exc: KafkaException) -> str:

@@ -202,6 +202,9 @@ class Transactions:
         self.dead_letter_topic: str | None = None
         self.down: set[str] = set()  # topics whose records fail when a flush delivers them
         self.on_commit: Callable[[], None] | None = None  # (a check after each commit)
+        # Failures waiting for the next transactional call of a kind, by whichever producer
+        # makes it (a broker outage does not care which): call -> (kind, times).
+        self.failures: dict[str, tuple[str, int]] = {}
 
     def write(self, record: Written) -> None:
         """The broker acknowledged a record (of an aborted transaction: never seen)."""
@@ -465,39 +468,75 @@ OUTPUT_PARTITIONS = 2
 """Partitions of every output topic (producing to another one fails at once)."""
 
 
+FAILURES = {
+    "init": ["retriable", "retriable_applied", "fatal"],
+    "begin": ["fatal"],
+    "send_offsets": ["abortable", "retriable", "fatal"],
+    "commit": ["abortable", "retriable", "applied", "fatal", "fenced_in_flight"],
+    "abort": ["retriable", "retriable_applied", "fatal"],
+}
+"""The failures a test may inject at each transactional call, by librdkafka's error classes
+(see :class:`SimOutputProducer`)."""
+
+
 class SimOutputProducer:
     """The engine's producer of outputs (and, in transactional mode, of dead-letter copies),
     as librdkafka's behaves where the engine depends on it.
 
     ``produce()`` refuses a record at once for an unknown partition, outside a transaction
-    (transactional), and once it knows it is fenced; otherwise the record waits for its
-    delivery report, which arrives only when the test calls :meth:`deliver` (or a flush, a
-    commit or an abort serves it). A transactional producer: ``commit_transaction`` flushes
-    first and fails with an abortable error when a delivery of the transaction failed;
-    ``abort_transaction`` purges what waits (reported as failed). Once a newer producer
-    initialised the same ``transactional.id``, the producer learns it at its next exchange
-    with the broker (a delivery fails, or a transactional call): from then on every call
-    fails with a fatal error. ``fail_next`` makes the next
-    ``send_offsets_to_transaction`` or ``commit_transaction`` fail with an abortable error
-    (``INVALID_PRODUCER_ID_MAPPING``, as when the broker forgot the producer id), or
-    (``flush_timeout``) the next ``commit_transaction`` time out flushing: a retriable error
-    that leaves the transaction committing (librdkafka's ``BeginCommit`` state), where only
-    calling ``commit_transaction`` again is allowed; or (``commit_applied``) the broker commits
-    the transaction but its answer is lost: the call times out (abortable)."""
+    (transactional: before ``init_transactions`` too), and once it knows it is fenced or
+    failed fatally; otherwise the record waits for its delivery report, which arrives only
+    when the test calls :meth:`deliver` (or a flush, a commit or an abort serves it). A
+    transactional producer: ``commit_transaction`` flushes first and fails with an abortable
+    error when a delivery of the transaction failed; ``abort_transaction`` purges what waits
+    (reported as failed). Once a newer producer initialised the same ``transactional.id``,
+    the producer learns it at its next exchange with the broker (a delivery fails, or a
+    transactional call): from then on every call fails with a fatal error.
+
+    :meth:`fail` injects a failure into the next call of a kind (by this producer, or a
+    producer made after it), ``times`` times in a row
+    (:data:`FAILURES`): ``abortable`` (``INVALID_PRODUCER_ID_MAPPING``, as when the broker
+    forgot the producer id); ``retriable`` (a timeout: the call may be made again, and resumes
+    where it stopped; a retriable ``commit`` leaves the transaction committing, librdkafka's
+    ``BeginCommit`` state, where only ``commit_transaction`` is allowed); ``..._applied`` (the
+    broker did it but its answer was lost: the call times out); ``applied`` (the broker
+    committed, its answer lost: abortable ``_TIMED_OUT``); ``fatal`` (the producer is unusable
+    for good, every later call fails with the same error); ``fenced_in_flight`` (another
+    producer took the ``transactional.id`` over while the commit had messages in flight: the
+    commit fails fenced, and librdkafka answers the next transactional call with a non-fatal
+    ``_CONFLICT``)."""
 
     def __init__(self, cluster: Cluster, config: dict[str, Any]) -> None:
         self.cluster = cluster
         self.transactions = cluster.transactions
         self.transactional_id: str | None = config.get("transactional.id")
         self.epoch = 0
-        self.state = "ready"  # in_transaction, abortable
+        # uninit, ready, in_transaction, begin_commit, abortable
+        self.state = "uninit" if self.transactional_id is not None else "ready"
         self.txn: int | None = None
         self.pending: list[tuple[Written, Callable[..., None]]] = []
         self.failed_deliveries = 0  # of the open transaction
         self.offsets: list[TopicPartition] = []
-        self.fail_next: str | None = None  # see the class's docstring
+        self.fatal: KafkaError | None = None
+        self.conflict_next = False
         self.knows_fenced = False
         self.calls: list[str] = []
+
+    def fail(self, call: str, kind: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``call`` (by this producer or one after it) fail."""
+        assert kind in FAILURES[call], (call, kind)
+        self.transactions.failures[call] = (kind, times)
+
+    def _failure(self, call: str) -> str | None:
+        failures = self.transactions.failures
+        kind, times = failures.get(call, (None, 0))
+        if kind is None:
+            return None
+        if times <= 1:
+            del failures[call]
+        else:
+            failures[call] = (kind, times - 1)
+        return kind
 
     @property
     def fenced(self) -> bool:
@@ -506,6 +545,10 @@ class SimOutputProducer:
 
     def _check(self, call: str, *states: str) -> None:
         self.calls.append(call)
+        if self.conflict_next:
+            raise _error(KafkaError._CONFLICT, f"{call}: a conflicting call is in progress")
+        if self.fatal is not None:
+            raise KafkaException(self.fatal)
         if self.fenced:
             self.knows_fenced = True
             raise _error(
@@ -517,6 +560,12 @@ class SimOutputProducer:
             raise _abortable(KafkaError._STATE, f"{call}: the transaction must be aborted")
         if states and self.state not in states:
             raise _error(KafkaError._STATE, f"{call}: not allowed in state {self.state}")
+
+    def _fatal(self, call: str) -> KafkaException:
+        self.fatal = KafkaError(
+            KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, f"{call}: the producer failed", fatal=True
+        )
+        return KafkaException(self.fatal)
 
     # ---- producing ----------------------------------------------------------------------
 
@@ -532,9 +581,9 @@ class SimOutputProducer:
     ) -> None:
         assert on_delivery is not None
         if self.transactional_id is not None:
-            if self.knows_fenced:
-                raise _error(KafkaError._FATAL, "fatal error: the producer was fenced", fatal=True)
-            if self.state == "ready":
+            if self.knows_fenced or self.fatal is not None:
+                raise _error(KafkaError._FATAL, "fatal error: the producer failed", fatal=True)
+            if self.state in ("ready", "uninit"):
                 raise _error(KafkaError._STATE, "no transaction in progress")
         if isinstance(key, str):
             key = key.encode()
@@ -561,7 +610,7 @@ class SimOutputProducer:
         ok: bool,
         error: KafkaError | None = None,
     ) -> None:
-        if ok and not self.fenced:
+        if ok and not self.fenced and self.fatal is None:
             self.transactions.write(written)
             delivered(None, written)
             return
@@ -584,12 +633,27 @@ class SimOutputProducer:
 
     def init_transactions(self, timeout: float = -1) -> None:
         assert self.transactional_id is not None
-        self.calls.append("init")
+        self.calls.append("init")  # (it takes the transactional.id over: never fenced)
+        if self.conflict_next:
+            raise _error(KafkaError._CONFLICT, "init: a conflicting call is in progress")
+        if self.fatal is not None:
+            raise KafkaException(self.fatal)
+        failure = self._failure("init")
+        if failure == "fatal":
+            raise self._fatal("init")
+        if failure is not None:
+            if failure == "retriable_applied":
+                self.transactions.init(self.transactional_id)  # (its answer lost)
+            raise _error(
+                KafkaError._TIMED_OUT, "init timed out: retry call to resume", retriable=True
+            )
         self.epoch = self.transactions.init(self.transactional_id)
         self.state = "ready"
 
     def begin_transaction(self) -> None:
         self._check("begin", "ready")
+        if self._failure("begin") == "fatal":
+            raise self._fatal("begin")
         assert self.transactional_id is not None
         self.txn = self.transactions.begin(self.transactional_id)
         self.state = "in_transaction"
@@ -600,13 +664,17 @@ class SimOutputProducer:
         self, offsets: list[TopicPartition], group_metadata: Any, timeout: float = -1
     ) -> None:
         self._check("send_offsets", "in_transaction")
-        if self.fail_next == "send_offsets":
-            self.fail_next = None
+        failure = self._failure("send_offsets")
+        if failure == "abortable":
             self.state = "abortable"
             raise _abortable(
                 KafkaError.INVALID_PRODUCER_ID_MAPPING,
                 "the producer id is not assigned to its transactional id",
             )
+        if failure == "retriable":
+            raise _error(KafkaError._TIMED_OUT, "send offsets timed out", retriable=True)
+        if failure == "fatal":
+            raise self._fatal("send_offsets")
         if group_metadata.generation != self.cluster.generation:
             self.state = "abortable"
             raise _abortable(
@@ -621,14 +689,21 @@ class SimOutputProducer:
 
     def commit_transaction(self, timeout: float = -1) -> None:
         self._check("commit", "in_transaction", "begin_commit")
-        if self.fail_next == "flush_timeout":
-            self.fail_next = None
+        failure = self._failure("commit")
+        if failure == "retriable":
             self.state = "begin_commit"
             raise _error(
                 KafkaError._TIMED_OUT,
                 "Failed to flush all outstanding messages within the transaction timeout",
                 retriable=True,
             )
+        if failure == "fatal":
+            raise self._fatal("commit")
+        if failure == "fenced_in_flight":
+            assert self.transactional_id is not None
+            self.transactions.fence(self.transactional_id)  # another producer took it over
+            self.knows_fenced = self.conflict_next = True
+            raise _error(KafkaError._FENCED, "the producer was fenced", fatal=True)
         self.flush()
         if self.fenced:
             self._check("commit")
@@ -638,8 +713,7 @@ class SimOutputProducer:
                 KafkaError._INCONSISTENT,
                 f"{self.failed_deliveries} message(s) failed delivery",
             )
-        if self.fail_next == "commit":
-            self.fail_next = None
+        if failure == "abortable":
             self.state = "abortable"
             raise _abortable(
                 KafkaError.INVALID_PRODUCER_ID_MAPPING,
@@ -647,8 +721,7 @@ class SimOutputProducer:
             )
         assert self.transactional_id is not None and self.txn is not None
         self.transactions.end(self.transactional_id, self.txn, commit=True, offsets=self.offsets)
-        if self.fail_next == "commit_applied":  # the broker committed; its answer was lost
-            self.fail_next = None
+        if failure == "applied":  # the broker committed; its answer was lost
             self.state = "abortable"
             raise _abortable(KafkaError._TIMED_OUT, "EndTxn commit timed out")
         self.state, self.txn, self.offsets = "ready", None, []
@@ -657,11 +730,18 @@ class SimOutputProducer:
         self._check("abort", "in_transaction", "abortable")
         if self.txn is not None and self.transactions.states[self.txn] == "committed":
             raise _error(KafkaError.INVALID_TXN_STATE, "the transaction was committed", fatal=True)
+        failure = self._failure("abort")
+        if failure == "fatal":
+            raise self._fatal("abort")
         pending, self.pending = self.pending, []
         for written, delivered in pending:
             self._report(written, delivered, False, KafkaError(KafkaError._PURGE_QUEUE, "purged"))
         assert self.transactional_id is not None and self.txn is not None
+        if failure == "retriable":
+            raise _error(KafkaError._TIMED_OUT, "abort timed out", retriable=True)
         self.transactions.end(self.transactional_id, self.txn, commit=False)
+        if failure == "retriable_applied":
+            raise _error(KafkaError._TIMED_OUT, "abort timed out", retriable=True)
         self.state, self.txn, self.offsets = "ready", None, []
 
 
@@ -887,7 +967,12 @@ class SimEngine(ParallelConsumer):
         maps: str | None = None,
     ) -> None:
         super().__init__(
-            {"group.id": "sim", "bootstrap.servers": "sim:9092", "client.id": "sim"},
+            {
+                "group.id": "sim",
+                "bootstrap.servers": "sim:9092",
+                "client.id": "sim",
+                "group.instance.id": "sim",  # (a restarted consumer fences its predecessor)
+            },
             [cluster.topic],
             lambda record: None,
             options,

@@ -6,6 +6,7 @@ input offsets become visible together, exactly once, to ``read_committed`` reade
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
@@ -922,6 +923,148 @@ def test_outputs_of_lost_partitions_are_not_committed(
     assert own.committed(engine.group, source, 1) == {0: count}
     found = copies(read_committed(own, out, 1, count))
     assert found == Counter({(0, o, 0): 1 for o in range(count)})
+
+
+def test_a_record_running_when_its_partition_is_lost_commits_its_output_once(
+    kafka: Kafka, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Transactional, one static member, a short commit interval: the inputs before offset 5
+    are committed, so the open transaction is empty when offset 5's handler starts a long
+    run. Meanwhile the broker stops answering for longer than the session, so the member
+    loses its partition while the record runs; the handler then returns its output. The
+    member gets the partition back and runs offset 5 again. Read back, every input's output
+    is there once (before: the first run's output went into the open transaction, which the
+    next commit committed beside the second run's)."""
+    skip_if_aborted_records_show(kafka)
+    local_broker: LocalBroker = request.getfixturevalue("local_broker")
+    bootstrap = local_broker.bootstrap
+    own = Kafka(bootstrap, kafka.broker)
+    source, out = own.create_topic(1), own.create_topic(1)
+    count = 10
+    own.produce(source, {0: 5})
+    runs: list[int] = []
+    lost = threading.Event()
+
+    def handle(record: Record) -> Output:
+        runs.append(record.offset)
+        if record.offset == 5 and runs.count(5) == 1:
+            lost.wait(40)  # (frozen until the partition was lost)
+            time.sleep(0.5)
+        return output(record, out)
+
+    class Watch(logging.Handler):
+        def emit(self, log_record: logging.LogRecord) -> None:
+            if "lost" in log_record.getMessage():
+                lost.set()
+
+    watch = Watch()
+    logging.getLogger("sdk").addHandler(watch)
+    engine = ParallelConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("lost-running"),
+            "group.instance.id": "one",
+            **CONSUMER,
+        },
+        [source],
+        handle,
+        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=0.1),
+        registry=None,
+    ).start()
+    try:
+        wait_until(lambda: own.committed(engine.group, source, 1) == {0: 5}, timeout=30, what="0-4")
+        own.produce(source, {0: count - 5})
+        wait_until(lambda: 5 in runs, timeout=30, what="offset 5 running")
+        local_broker.suspend()
+        try:
+            assert lost.wait(30), "the partition was not lost"
+        finally:
+            local_broker.resume()
+        wait_until(
+            lambda: own.committed(engine.group, source, 1) == {0: count},
+            timeout=60,
+            what="every input committed",
+        )
+    finally:
+        logging.getLogger("sdk").removeHandler(watch)
+        engine.stop()
+    assert runs.count(5) >= 2, runs
+    found = copies(read_committed(own, out, 1, count))
+    assert found == Counter({(0, o, 0): 1 for o in range(count)})
+
+
+@pytest.mark.parametrize("client_id", ["svc", None], ids=["shared-client-id", "no-client-id"])
+def test_replicas_sharing_a_client_id_each_have_their_own_transactions(
+    kafka: Kafka, client_id: str | None
+) -> None:
+    """Transactional, two members of one group without ``group.instance.id``, as replicas of
+    a service are usually deployed: with the same ``client.id`` (before: their
+    ``transactional.id`` was derived from it, and one fenced the other) or none. Both keep
+    running, and every input's output is committed."""
+    source, out = kafka.create_topic(2), kafka.create_topic(2)
+    group = unique("replicas")
+    options = Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=0.1)
+    config = {} if client_id is None else {"client.id": client_id}
+    members = [
+        start_engine(
+            kafka.bootstrap, source, lambda record: output(record, out), options, group, **config
+        )
+        for _ in range(2)
+    ]
+    try:
+        ids = {m.producer_config["transactional.id"] for m in members}
+        assert len(ids) == 2, ids
+        wait_until(
+            lambda: all(m.stats().get("partitions") for m in members),
+            timeout=60,
+            what="a partition on each member",
+        )
+        kafka.produce(source, {0: 20, 1: 20})
+        wait_committed(kafka, group, source, {0: 20, 1: 20}, 30)
+        time.sleep(1.0)  # (a fenced member stops at its next transaction call)
+        running = [m.running for m in members]
+    finally:
+        for member in members:
+            member.stop()
+    assert running == [True, True]
+    found = copies(read_committed(kafka, out, 2, 40))
+    assert set(found) == {(p, o, 0) for p in range(2) for o in range(20)}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+@pytest.mark.parametrize("form", ["generator", "set", "map", "subclass"])
+def test_outputs_returned_as_any_iterable_or_output_subclass_are_produced(
+    kafka: Kafka, mode: CommitMode, form: str
+) -> None:
+    """A handler returns its two outputs as a generator, a set, a ``map`` object, or one
+    ``Output`` subclass instance: every one is produced, and read back once (before: all
+    were ignored, and the inputs committed without outputs)."""
+    source, out = kafka.create_topic(1), kafka.create_topic(1)
+    count = 20
+
+    class Mine(Output):
+        __slots__ = ()
+
+    def handle(record: Record) -> Any:
+        if form == "generator":
+            return (output(record, out, n) for n in range(2))
+        if form == "set":  # (hashable: no headers)
+            return {Output(out, f"0:{record.offset}:{n}", key=record.raw_key) for n in range(2)}
+        if form == "map":
+            return map(lambda n: output(record, out, n), range(2))
+        return Mine(*output(record, out, 0))
+
+    kafka.produce(source, {0: count})
+    engine = start_engine(
+        kafka.bootstrap, source, handle, Options(commit_mode=mode, commit_interval=0.1)
+    )
+    try:
+        wait_committed(kafka, engine.group, source, {0: count}, 60)
+    finally:
+        engine.stop()
+    per_input = 1 if form == "subclass" else 2
+    found = copies(read_committed(kafka, out, 1, count * per_input))
+    assert found == Counter({(0, o, n): 1 for o in range(count) for n in range(per_input)})
 
 
 def test_two_members_of_a_group_in_one_process_each_have_their_own_transactions(

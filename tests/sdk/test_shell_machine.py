@@ -15,10 +15,14 @@ produces (``SimWorker``: ``Work.emit``, ``Outputs``); in both commit modes. Hypo
 when their delivery reports arrive and whether they fail, and a handler may return an output
 ``produce()`` refuses at once. At least once (``CommitMode.CONSUMER``), a worker waits for its
 item's reports. Exactly once (``CommitMode.TRANSACTIONAL``), workers hold the transaction
-lock while they run an item (a commit waits for them), a transaction commit may fail with an
-abortable error (``send_offsets_to_transaction`` or ``commit_transaction``: the
-``INVALID_PRODUCER_ID_MAPPING`` of confluentinc/parallel-consumer#830), and another process may
-fence the producer (the consumer stops with an error, and a new one starts).
+lock while they run an item (a commit waits for them); every transactional call (init, begin,
+send offsets, commit, abort) may fail with each of librdkafka's error classes: abortable (the
+``INVALID_PRODUCER_ID_MAPPING`` of confluentinc/parallel-consumer#830), retriable (a timeout,
+an outage: repeated), applied with its answer lost, fatal, and fenced with messages in flight
+(the next call answered ``_CONFLICT``); another process may fence the producer (the consumer
+stops with an error, making no further transactional call, and a new one starts); and a
+member may lose its partitions while a worker runs one of their records, which returns its
+outputs after the loss.
 
 After every step it checks:
 
@@ -81,6 +85,7 @@ from sdk._partition import PAUSED, WINDOW_SHARES
 from sdk._shards import Entry, Item
 from sdk._transactions import TransactionError
 from tests.sdk.simulated import (
+    FAILURES,
     OUTPUT_PARTITIONS,
     TP,
     Clock,
@@ -182,9 +187,15 @@ class ShellMachine(RuleBasedStateMachine):
         if self.gated:
             gate = sim_gate(GATE)
             self.offer(gate)
-        self.engine = SimEngine(
-            self.cluster, self.clock, self.producer, self.options, gate, skipped=self.skipped
-        )
+        try:
+            self.engine = SimEngine(
+                self.cluster, self.clock, self.producer, self.options, gate, skipped=self.skipped
+            )
+        except TransactionError:  # initialising its producer failed for good
+            if gate is not None:
+                gate.stop()
+            self.engine = None
+            return
         self.engine.runner.on_submit = self.started
         self.watch_joins(self.engine)
         self.engine.sim.rebalance("assign", [(TOPIC, p) for p in range(PARTITIONS)])
@@ -232,11 +243,19 @@ class ShellMachine(RuleBasedStateMachine):
         try:
             wait = engine._turn()
         except TransactionError as exc:
-            # A newer producer with its transactional.id fenced it: the consumer stops with
-            # the error (as ``run()`` does); a new one is started by ``start_again``.
-            assert engine.output_producer is not None and engine.output_producer.fenced, exc
+            # A newer producer with its transactional.id fenced it (or initialising one
+            # failed for good): the consumer stops with the error (as ``run()`` does), making
+            # no further transactional call (a new producer's initialisation would fence the
+            # process that took over); a new one is started by ``start_again``.
+            producer = engine.output_producer
+            assert producer is not None and (producer.fenced or producer.fatal is not None), exc
+            calls = len(producer.calls)
             engine._error = exc
             engine._close()
+            assert engine.output_producer is producer, "a fenced consumer made a new producer"
+            assert producer.calls[calls:] == [], (
+                f"a fenced producer was called again while closing: {producer.calls[calls:]}"
+            )
             self.engine = None
             self.check_commits()
             return
@@ -654,15 +673,51 @@ class ShellMachine(RuleBasedStateMachine):
         self.turn()
 
     @precondition(lambda self: self.engine is not None and self.transactional)
-    @rule(where=st.sampled_from(["send_offsets", "commit", "commit_applied", "flush_timeout"]))
-    def transaction_fails(self, where: str) -> None:
-        """The next transaction commit fails: with an abortable error when sending the
-        offsets or when committing (the broker forgot the producer id:
-        ``INVALID_PRODUCER_ID_MAPPING``, as in confluentinc/parallel-consumer#830), or it
-        times out, after the broker committed it (its answer lost) or while flushing the
-        outputs (retriable: the transaction stays committing)."""
-        self.engine.output_producer.fail_next = where
+    @rule(
+        failure=st.sampled_from(
+            [(call, kind) for call, kinds in FAILURES.items() for kind in kinds]
+        ),
+        times=st.sampled_from([1, 1, 3]),
+    )
+    def transaction_call_fails(self, failure: tuple[str, str], times: int) -> None:
+        """The next call of a kind (init, begin, send offsets, commit, abort) fails with one
+        of librdkafka's error classes (``times`` times in a row): abortable (the broker
+        forgot the producer id: ``INVALID_PRODUCER_ID_MAPPING``, as in
+        confluentinc/parallel-consumer#830), retriable (a timeout: a broker outage; an
+        init retried across turns), applied but its answer lost, fatal, or fenced with
+        messages in flight (the next call answered ``_CONFLICT``). See ``FAILURES``."""
+        call, kind = failure
+        self.cluster.transactions.failures[call] = (kind, times)
         self.turn()
+
+    @precondition(lambda self: self.engine is not None and self.engine.runner.running)
+    @rule(data=st.data())
+    def partitions_lost_while_a_record_runs(self, data: st.DataObject) -> None:
+        """A worker has started a record (its handler runs) when the member loses its
+        partitions (away longer than its session: frozen in a long handler, say); the
+        handler then returns its outputs, and the member gets its partitions back."""
+        engine = self.engine
+        if self.options.batch_size is not None:
+            return
+        running = sorted(engine.runner.running.values(), key=lambda i: i.id)
+        item = running[data.draw(st.integers(0, len(running) - 1))]
+        worker = engine.runner.start(item)
+        if worker is None or worker.ended or worker.next_entry() is None:
+            return
+        succeed = self.handler(data, "ok")
+        sim = engine.sim
+
+        def lost_meanwhile(entries: list[Entry], record: Any) -> Any:
+            sim.rebalance("lost", set(sim.assignment))
+            self.turn()  # (the loop serves the loss)
+            return succeed(entries, record)
+
+        worker.step(lost_meanwhile)
+        del running, item, worker
+        if self.engine is engine:
+            everything = {(TOPIC, p) for p in range(PARTITIONS)}
+            sim.rebalance("assign", everything - sim.assignment)
+            self.turn()
 
     @precondition(
         lambda self: (
@@ -894,6 +949,7 @@ class ShellMachine(RuleBasedStateMachine):
         the end of each log (past a final transaction marker too)."""
         if not hasattr(self, "options"):
             return
+        self.cluster.transactions.failures.clear()
         if self.engine is None:  # it stopped with an error: its supervisor starts it again
             self.start_engine()
         engine = self.engine
@@ -901,8 +957,6 @@ class ShellMachine(RuleBasedStateMachine):
             return
         self.producer.broken = False
         self.cluster.transactions.down = set()
-        if engine.output_producer is not None:
-            engine.output_producer.fail_next = None
         self.watermarks = {p: self.cluster.end((TOPIC, p)) for p in range(PARTITIONS)}
         self.version += 2
         self.offer()

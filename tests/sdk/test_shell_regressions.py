@@ -10,10 +10,11 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from sdk import (
     CommitMode,
+    EngineError,
     Options,
     Ordering,
     Output,
@@ -800,7 +801,7 @@ def test_a_transaction_that_cannot_commit_commits_neither_offsets_nor_outputs(
     if failure == "delivery":
         producer.deliver([True, False], error=forgotten)
     else:
-        producer.fail_next = failure
+        producer.fail(failure, "abortable")
     shell.turn(seconds=0.2)  # the commit is due
     assert committer.aborted == 1 and committer.committed == before, committer.last_abort
     assert "producer id" in (committer.last_abort or "")
@@ -851,7 +852,7 @@ def test_a_transaction_commit_that_timed_out_does_not_stop_the_consumer() -> Non
     shell.turn()
     producer = shell.engine.output_producer
     assert producer is not None
-    producer.fail_next = "flush_timeout"
+    producer.fail("commit", "retriable")
     try:
         shell.turn(seconds=0.2)  # the commit is due, and times out
     except TransactionError as exc:
@@ -883,3 +884,197 @@ def test_a_commit_keeps_the_restored_offsets_not_fetched_yet_in_its_offset_map()
     shell.run_all(ran=ran)
     assert ran == [1]
     assert shell.committed() == 8
+
+
+# ---- the transactional producer's life cycle --------------------------------------------------
+
+
+def transactional_shell(partitions: int = 1, **options: Any) -> Shell:
+    return Shell(
+        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=0.1, **options),
+        partitions=partitions,
+        keeps_metadata=True,
+    )
+
+
+def test_a_record_running_when_its_partition_is_lost_never_commits_its_output() -> None:
+    """The member is frozen in a long handler past its session: the partition is lost while
+    the record runs and the open transaction is still empty. The handler then returns its
+    output; the member gets the partition back and runs the record again. Only one of the
+    two outputs may ever be visible, with the input's offset (before: both were, the first
+    committed in a transaction without its input's offset)."""
+    shell = transactional_shell()
+    shell.cluster.produce(0, [b"a"])
+    shell.turn(2)
+    (item,) = shell.running()
+    worker = shell.engine.runner.start(item)
+    assert worker is not None
+    assert shell.engine._outputs.in_transaction == 0
+
+    def frozen(entries: list[Entry], record: Any) -> Output:
+        shell.sim.rebalance("lost", [TP0])
+        shell.turn()  # the loop serves the loss while the handler runs
+        return Output(OUT, "0:0", key=b"a")
+
+    worker.step(frozen)
+    worker.ended = True
+    shell.engine.runner.report(item, worker.end())
+    shell.sim.rebalance("assign", [TP0])
+    ran: list[int] = []
+    shell.run_all(ran=ran)
+    assert ran == [0], "the record did not run again after the loss"
+    assert shell.committed() == 1
+    assert shell.outputs() == ["0:0"], "the output of the lost run was committed too"
+
+
+def test_a_fenced_producer_makes_no_further_transactional_call() -> None:
+    """Another process took the ``transactional.id`` over while a commit had messages in
+    flight: the commit fails fenced, and librdkafka answers the next transactional call with
+    a non-fatal ``_CONFLICT``. The consumer stops with ``TransactionError``; closing it makes
+    no transactional call and no new producer (before: closing committed again, got the
+    ``_CONFLICT``, replaced the producer, and its initialisation fenced the process that had
+    taken over)."""
+    shell = transactional_shell()
+    shell.cluster.produce(0, [b"a", b"b"])
+    shell.turn(2)
+    for item in shell.running():
+        shell.run(item)
+    shell.turn()
+    producer = shell.engine.output_producer
+    assert producer is not None
+    producer.fail("commit", "fenced_in_flight")
+    with pytest.raises(TransactionError, match="fenced"):
+        shell.turn(seconds=0.2)
+    epoch = shell.cluster.transactions.epochs[producer.transactional_id]  # the successor's
+    calls = len(producer.calls)
+    shell.engine._error = TransactionError("fenced")
+    shell.engine._close()
+    assert producer.calls[calls:] == [], "the fenced producer was called while closing"
+    assert shell.engine.output_producer is producer, "a new producer was made"
+    assert shell.cluster.transactions.epochs[producer.transactional_id] == epoch, (
+        "the successor was fenced"
+    )
+
+
+def test_a_long_broker_outage_while_renewing_the_producer_does_not_stop_the_consumer() -> None:
+    """A commit times out (the broker unreachable); the new producer's
+    ``init_transactions`` then times out again and again (retriable: "retry call to
+    resume"). The consumer keeps turning and hands nothing out meanwhile; once the broker
+    answers, the partitions go back to their committed offsets and every input's output
+    commits once (before: the first retriable init failure stopped the consumer)."""
+    shell = transactional_shell()
+    shell.cluster.produce(0, [b"a", b"b"])
+    shell.turn(2)
+    for item in shell.running():
+        shell.run(item)
+    shell.turn()
+    first = shell.engine.output_producer
+    assert first is not None
+    first.fail("commit", "retriable")
+    original = shell.engine._new_output_producer
+
+    def unreachable() -> Any:
+        producer = original()
+        producer.fail("init", "retriable", times=20)
+        return producer
+
+    shell.engine._new_output_producer = unreachable  # type: ignore[method-assign]
+    shell.engine._outputs._new_producer = unreachable
+    shell.turn(seconds=0.2)  # the commit is due, and times out
+    shell.cluster.produce(0, [b"c"])
+    handed_out = {item.id for item in shell.running()}
+    for _ in range(15):
+        shell.turn(seconds=0.2)
+        now = {item.id for item in shell.running()}
+        assert now <= handed_out, "work was handed out while the producer was not ready"
+    renewed = shell.engine.output_producer
+    assert renewed is not first and renewed.state == "uninit"
+    ran: list[int] = []
+    shell.run_all(ran=ran)
+    assert sorted(ran) == [0, 1, 2]
+    assert shell.committed() == 3
+    assert sorted(shell.outputs()) == ["0:0", "0:1", "0:2"]
+
+
+def test_a_dead_letter_copy_that_cannot_be_delivered_holds_its_input_alone() -> None:
+    """Transactional, the dead-letter topic missing: the copy of a record that failed for
+    good breaks each transaction it is in. It counts against its input like an output:
+    after 3 (``max_attempts`` or 3) the input is held, and the other partition commits
+    (before: every transaction aborted, for ever, and no partition moved). Once the topic
+    is there, the copy commits with its input's offset."""
+    shell = transactional_shell(
+        partitions=2, dead_letter_topic="dlt", on_exhausted="dead_letter", max_attempts=1
+    )
+    shell.cluster.transactions.dead_letter_topic = "dlt"
+    shell.cluster.transactions.down = {"dlt"}
+    shell.cluster.produce(0, [b"a"])
+    for _ in range(120):
+        shell.cluster.produce(1, [b"b"])
+        for item in shell.running():
+            if item.entries[0].tp == TP0:
+                shell.fail(item, TerminalError("never"), {0})
+            elif shell.engine.runner.start(item) is not None:
+                shell.run(item)
+        producer = shell.engine.output_producer
+        if producer is not None and producer.pending:
+            producer.flush()
+        shell.turn(seconds=0.1)
+    assert shell.committed(0) in (None, 0), "the held input was passed"
+    assert (shell.committed(1) or 0) >= 100, "the other partition did not commit"
+    aborted = shell.engine._committer.aborted
+    assert aborted <= 6, f"{aborted} transactions aborted: the input was not held"
+    shell.cluster.transactions.down = set()
+    for _ in range(300):
+        for item in shell.running():
+            if item.entries[0].tp == TP0:
+                shell.fail(item, TerminalError("never"), {0})
+            elif shell.engine.runner.start(item) is not None:
+                shell.run(item)
+        producer = shell.engine.output_producer
+        if producer is not None and producer.pending:
+            producer.flush()
+        shell.turn(seconds=0.5)
+        if shell.committed(0) == 1:
+            break
+    assert shell.committed(0) == 1, "the copy never committed once the topic was there"
+    assert len(shell.cluster.dead_letters) == 1
+
+
+def test_a_fatal_error_raised_by_the_output_producer_s_poll_stops_with_an_engine_error() -> None:
+    """librdkafka raises a fatal error from ``poll()`` (confluent-kafka raises fatal errors
+    there even without an ``error_cb``): at least once, the consumer stops with
+    ``EngineError`` naming it (before: a raw ``KafkaException``)."""
+    shell = Shell(Options(commit_interval=0.1))
+    shell.cluster.produce(0, [b"a"])
+    shell.turn(2)
+    for item in shell.running():
+        shell.run(item)
+    producer = shell.engine.output_producer
+    assert producer is not None
+
+    def fatal(timeout: float = 0) -> int:
+        raise KafkaException(
+            KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence broken", fatal=True)
+        )
+
+    producer.poll = fatal  # type: ignore[method-assign]
+    with pytest.raises(EngineError, match="sequence broken") as raised:
+        shell.turn()
+    assert not isinstance(raised.value, KafkaException)
+
+
+def test_a_fenced_error_raised_by_the_output_producer_s_poll_stops_with_a_transaction_error() -> (
+    None
+):
+    shell = transactional_shell()
+    shell.turn(2)
+    producer = shell.engine.output_producer
+    assert producer is not None
+
+    def fenced(timeout: float = 0) -> int:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "producer fenced", fatal=True))
+
+    producer.poll = fenced  # type: ignore[method-assign]
+    with pytest.raises(TransactionError, match="fenced"):
+        shell.turn()
+    assert shell.engine._committer.dead
