@@ -166,7 +166,7 @@ class TransactionalCommitter(Committer):
 
     @property
     def holding_back(self) -> bool:
-        return not self.open or self.pending  # an item started now would wait
+        return not self.open  # no transaction for an item handed out now (closing: it waits)
 
     def release(self) -> None:
         """Inside a revocation, which waits for the records in flight: a close waiting for

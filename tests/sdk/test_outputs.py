@@ -993,6 +993,65 @@ def test_a_record_running_when_its_partition_is_lost_commits_its_output_once(
     assert found == Counter({(0, o, 0): 1 for o in range(count)})
 
 
+def test_a_broker_outage_longer_than_the_transaction_calls_does_not_stop_the_consumer(
+    kafka: Kafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transactional, the transaction calls' timeout shortened to 2 s (30 s by default): the
+    broker stops answering for 30 s while a transaction holds outputs, so the commit times
+    out, and so does the new producer's ``init_transactions``, again and again. The consumer
+    keeps going (before: the first timed-out initialisation stopped it for good, as a 100 s
+    outage does with the default timeout); once the broker answers, every input's output is
+    committed once."""
+    skip_if_aborted_records_show(kafka)
+    monkeypatch.setattr("sdk._transactions.TIMEOUT", 2.0)
+    local_broker: LocalBroker = request.getfixturevalue("local_broker")
+    bootstrap = local_broker.bootstrap
+    own = Kafka(bootstrap, kafka.broker)
+    source, out = own.create_topic(1), own.create_topic(1)
+    count = 40
+    own.produce(source, {0: count // 2})
+    engine = ParallelConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("outage"),
+            "group.instance.id": "one",
+            **CONSUMER,
+            "session.timeout.ms": 45000,
+        },
+        [source],
+        lambda record: output(record, out),
+        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=4.0),
+        producer_config={"socket.timeout.ms": 2000, "transaction.timeout.ms": 10000},
+        registry=None,
+    ).start()
+    try:
+        wait_until(
+            lambda: transactions_of(engine).get("open_outputs", 0) >= count // 2,
+            timeout=30,
+            what="the first half in the open transaction",
+        )
+        local_broker.suspend()
+        try:
+            time.sleep(30.0)  # (the first timed-out call takes librdkafka about 12 s)
+            assert engine.running, "the outage stopped the consumer"
+        finally:
+            local_broker.resume()
+        own.produce(source, {0: count // 2})
+        wait_until(
+            lambda: own.committed(engine.group, source, 1) == {0: count},
+            timeout=90,
+            what="every input committed",
+        )
+        running = engine.running
+        aborted = transactions_of(engine).get("aborted", 0)
+    finally:
+        engine.stop()
+    assert running, "the consumer stopped after the outage"
+    assert aborted >= 1, "the outage did not hit a transaction"
+    found = copies(read_committed(own, out, 1, count))
+    assert found == Counter({(0, o, 0): 1 for o in range(count)})
+
+
 @pytest.mark.parametrize("client_id", ["svc", None], ids=["shared-client-id", "no-client-id"])
 def test_replicas_sharing_a_client_id_each_have_their_own_transactions(
     kafka: Kafka, client_id: str | None
