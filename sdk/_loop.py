@@ -254,8 +254,11 @@ class ConsumerLoop:
     def _message_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
-        if error.fatal():
-            raise EngineError(f"fatal Kafka error: {error.str()}")
+        if error.fatal() or error.code() == KafkaError._FATAL:
+            # (librdkafka hands a fatal error, such as a static member fenced by another with
+            # the same group.instance.id, to the consumer as an error event whose code is
+            # _FATAL: the consumer can never fetch again.)
+            raise EngineError(f"the consumer failed for good: {error.str()}")
         log.warning("consumer error: %s", error.str())
 
     # ---- handing out work ---------------------------------------------------------------
