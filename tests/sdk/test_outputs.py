@@ -25,6 +25,7 @@ from gate._local import LocalBroker
 from sdk import (
     CommitMode,
     EmbeddedSource,
+    EngineError,
     Gate,
     Hooks,
     Options,
@@ -36,6 +37,7 @@ from sdk import (
     RetriableError,
     decode_offset_map,
 )
+from sdk._transactions import TransactionError
 from tests.sdk.engine_support import CONSUMER, start_engine, wait_committed
 from tests.sdk.gating_support import DependencyService, Starts, violations
 from tests.support import Kafka, unique, wait_until
@@ -1050,6 +1052,50 @@ def test_a_broker_outage_longer_than_the_transaction_calls_does_not_stop_the_con
     assert aborted >= 1, "the outage did not hit a transaction"
     found = copies(read_committed(own, out, 1, count))
     assert found == Counter({(0, o, 0): 1 for o in range(count)})
+
+
+def test_a_fenced_consumer_stops_without_fencing_the_process_that_took_over(
+    kafka: Kafka,
+) -> None:
+    """Transactional, outputs flowing: another process initialises the consumer's
+    ``transactional.id`` (a successor after a pause, say). The consumer learns it is fenced
+    at its next transactional call and stops with ``TransactionError``; stopping makes no
+    transactional call, so the successor keeps its epoch and commits (before: closing
+    committed again, got librdkafka's ``_CONFLICT``, made a new producer, and its
+    initialisation fenced the successor)."""
+    skip_if_aborted_records_show(kafka)
+    source, out = kafka.create_topic(2), kafka.create_topic(1)
+    transactional_id = unique("zombie")
+    kafka.produce(source, {0: 2000, 1: 2000})
+
+    def slow(record: Record) -> Output:
+        time.sleep(0.002)
+        return output(record, out)
+
+    engine = ParallelConsumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": unique("zombie"), **CONSUMER},
+        [source],
+        slow,
+        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=0.2),
+        producer_config={"transactional.id": transactional_id},
+        registry=None,
+    ).start()
+    successor = kafka.producer(**{"transactional.id": transactional_id})
+    try:
+        wait_until(lambda: produced(engine) >= 200, timeout=60, what="outputs flowing")
+        successor.init_transactions(30)
+        wait_until(lambda: not engine.running, timeout=60, what="the fenced consumer stopping")
+        with pytest.raises(EngineError, match="fenced") as raised:
+            engine.stop()
+        assert isinstance(raised.value.__cause__, TransactionError), raised.value
+        successor.begin_transaction()
+        successor.produce(out, value=b"successor", partition=0)
+        successor.commit_transaction(30)  # (raises if the stopped consumer fenced it)
+    finally:
+        if engine.running:
+            engine.stop(drain=False)
+    values = [m.value() for m in read_committed(kafka, out, 1, 1)]
+    assert b"successor" in values
 
 
 @pytest.mark.parametrize("client_id", ["svc", None], ids=["shared-client-id", "no-client-id"])
