@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
@@ -146,8 +146,14 @@ def check_live(config: GateConfig, *, timeout: float = 5.0) -> list[Problem]:
 
 
 def did_you_mean(name: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(name, candidates)
+    return f"; did you mean {close!r}?" if close else ""
+
+
+def closest(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to ``name`` when one is close enough to be a misspelling."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _group_ids(admin: AdminClient, timeout: float) -> list[str]:

@@ -39,6 +39,10 @@ _STALLED_RANK, _REWOUND_RANK, _LAGGING_RANK, _BEHIND_RANK = (
 )
 _MISSING_POSITION: Position = (None, None, _MISSING_RANK, None, None, True)
 _NEVER_CHANGES, _ALWAYS_CHANGES = float("inf"), float("-inf")
+STEADY_SHARE = 0.1
+"""LAGGING also needs its lag to have grown, across the window, by more than this share of
+the records produced meanwhile (it processed less than the rest): a lag that holds steady,
+its commits jittering, is never LAGGING."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +67,13 @@ class StatusPolicy:
     a highest offset beyond the log's end never counts."""
 
 
-Point = tuple[float, int, int, "float | None"]
+Point = tuple[float, int, int, "float | None", int]
 """A group's lag right after one of its commits: ``(at, low, high, seconds)``: between
 ``low`` and ``high`` records (the commit happened between two polls, and records kept
 arriving), and the age of its oldest unprocessed record then (None: unknown). A plain tuple:
 the collector stops tracking those (not named tuples), and a gate keeps about eight per group
 and partition."""
-_AT, _LOW, _HIGH, _SECONDS = range(4)
+_AT, _LOW, _HIGH, _SECONDS, _END = range(5)
 
 
 class Track:
@@ -104,7 +108,12 @@ class Track:
     )
 
     def __init__(
-        self, committed: int, now: float, lag: int | None, seconds: float | None, end: int | None
+        self,
+        committed: int,
+        now: float,
+        lag: int | None,
+        seconds: float | None,
+        end: int | None,
     ) -> None:
         self.committed = committed
         self.highest = committed
@@ -118,10 +127,15 @@ class Track:
         # after its last commit was at most its lag now.
         self.trend: deque[Point] = deque()
         if lag is not None:
-            self.trend.append((now, 0, lag, seconds))
+            self.trend.append((now, 0, lag, seconds, committed + lag))
 
     def moved(
-        self, committed: int, lag: int | None, seconds: float | None, now: float, window: float
+        self,
+        committed: int,
+        lag: int | None,
+        seconds: float | None,
+        now: float,
+        window: float,
     ) -> None:
         """Its committed offset moved: ``lag`` and ``seconds`` are its lag seen now."""
         if committed < self.committed:
@@ -143,7 +157,7 @@ class Track:
         if self.end is not None:
             low = self.end - committed
             low = 0 if low < 0 else lag if low > lag else low
-        point = (now, low, lag, seconds)
+        point = (now, low, lag, seconds, committed + lag)
         if len(trend) >= 2 and now - trend[-2][_AT] < window / 8:
             trend[-1] = point
         else:
@@ -160,7 +174,7 @@ class Track:
         silent = now - self.moved_at
         gap = self.gap
         if lag is not None and gap is not None and silent > window and silent > 2 * gap:
-            latest = (now, lag, lag, seconds)  # no commit for long, and its lag grew
+            latest = (now, lag, lag, seconds, self.committed + lag)  # no commit for long
         else:
             latest = trend[-1]
         seconds = latest[_SECONDS]
@@ -171,7 +185,13 @@ class Track:
             if point[_AT] > latest[_AT] - window:
                 break
             start = point
-        return start is not None and latest[_LOW] > start[_HIGH]
+        if start is None or latest[_LOW] <= start[_HIGH]:
+            return False
+        # A steady lag whose commits jitter rises above an earlier low now and then: the lag
+        # must have grown by more than a share of the records produced across the window
+        # (the group processed less than the rest of them).
+        produced = latest[_END] - start[_END]
+        return latest[_LOW] - start[_HIGH] > STEADY_SHARE * produced
 
 
 class GroupResult(NamedTuple):
@@ -216,7 +236,7 @@ def evaluate_group(
     positions: dict[Partition, Position] = {}
     effective: dict[Partition, int] = {}
     worst_rank = _OK_RANK
-    lag_total = 0
+    lag_total: int | None = 0
     lag_seconds: float | None = None
     # It can be skipped while nothing moves only when it has no lag anywhere (then no
     # status of it depends on time but REWOUND, which expires at a known time).
@@ -230,6 +250,8 @@ def evaluate_group(
                 del tracks[tp]
             positions[tp] = _MISSING_POSITION
             worst_rank = _MISSING_RANK
+            if ends[tp] != 0:
+                lag_total = None  # every record there, or unknown: never 0
             continue
         end = ends[tp]
         seconds: float | None
@@ -283,7 +305,7 @@ def evaluate_group(
             if rewound_at + rewind_window < quiet_until:
                 quiet_until = rewound_at + rewind_window
         positions[tp] = (committed, lag, rank, track.moved_at + shift, seconds, exact)
-        if lag is not None:
+        if lag is not None and lag_total is not None:
             lag_total += lag
         if seconds is not None:
             rounded = round(seconds, 3) if seconds else 0.0

@@ -297,7 +297,8 @@ class _StateCollector(Collector):
                     )
                 missing.add_metric([name, group], missing_count[group])
             for group, overall in state.group_lags.items():
-                group_lag.add_metric([name, group], overall.records)
+                if overall.records is not None:  # absent: no commit where records are
+                    group_lag.add_metric([name, group], overall.records)
                 if overall.seconds is not None:
                     group_lag_seconds.add_metric([name, group], overall.seconds)
 

@@ -64,6 +64,8 @@ class OffsetPoller:
         self._last_ends: dict[Partition, int] = {}  # each partition's end as last read
         self._keys: dict[str, list[Partition]] = {}  # the partitions each group is read on
         self._asked: dict[str, list[TopicPartition]] = {}  # the same, as asked
+        self._groups_listed_at = float("-inf")  # when the cluster's groups were last listed
+        self._groups_listing: Future[Any] | None = None  # that listing, until it answers
 
     def _new_admin(self) -> AdminClient:
         return AdminClient(dict(self._properties), logger=KafkaLog("gate.kafka"))
@@ -272,6 +274,7 @@ class OffsetPoller:
                 committed[group] = read.offsets
                 carried[group] = read.wall
 
+        known_groups = self._list_groups(committed)
         answered = answered or bool(end_offsets)
         if asked:
             self._answered = answered
@@ -293,7 +296,36 @@ class OffsetPoller:
             answered=self._answered,
             monotonic=started,
             carried=carried,
+            known_groups=known_groups,
         )
+
+    def _list_groups(
+        self, committed: Mapping[str, Mapping[Partition, int]]
+    ) -> frozenset[str] | None:
+        """The cluster's consumer groups, when a group read has no committed offset anywhere
+        (a misspelt or never started dependency: a close name is suggested). Asked at most
+        once per metadata interval and never waited for: the answer is taken at a later
+        poll. None when there is no new answer (or the broker cannot list them)."""
+        pending = self._groups_listing
+        if pending is not None:
+            if not pending.done():
+                return None
+            self._groups_listing = None
+            try:
+                return frozenset(group.group_id for group in pending.result(timeout=0).valid)
+            except Exception:  # a suggestion is a courtesy: the alarm stands without it
+                return None
+        if all(committed.get(group) for group in self._requests if group in committed):
+            return None
+        now = time.monotonic()
+        if now - self._groups_listed_at < self._metadata_interval:
+            return None
+        self._groups_listed_at = now
+        try:
+            self._groups_listing = self._admin.list_consumer_groups(request_timeout=self._timeout)
+        except Exception:
+            self._groups_listing = None
+        return None
 
 
 def read_offsets(

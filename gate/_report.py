@@ -15,9 +15,11 @@ from gate._state import (
     SEVERITY,
     GateState,
     PartitionState,
+    Verdict,
     position_tuples,
 )
 from gate._status_bodies import GroupsShown
+from gate._verdict import EARLY
 from gate._watermark import format_time
 
 
@@ -43,19 +45,14 @@ def verdict_json(
         text = "every record is released"
     elif verdict.state == "flowing":
         within = verdict.released_within
+        bound = "≥ " if verdict.at_least else ""
         text = f"flowing: {_records(verdict.records_waiting)} in transit" + (
-            f", released within {_duration(within)}" if within is not None else ""
+            f", released within {bound}{_duration(within)}" if within is not None else ""
         )
         if verdict.holding:
             text += f", held back by {', '.join(verdict.holding)}"
     else:
-        since = now if verdict.stuck_since is None else verdict.stuck_since
-        clock = datetime.fromtimestamp(since, UTC).strftime("%H:%M:%S UTC")
-        text = (
-            f"stuck since {clock} ({_duration(now - since)}) on "
-            f"{', '.join(verdict.stuck_on) or 'unknown groups'}: "
-            f"{_records(verdict.records_waiting)} waiting"
-        )
+        text = _stuck(verdict, now)
     if verdict.bottleneck == "dependent" and state.dependent:
         text += (
             f"; {state.dependent} itself has {_records(verdict.released_unprocessed, 'released ')}"
@@ -79,14 +76,64 @@ def verdict_json(
         "released_within_s": None
         if verdict.released_within is None
         else round(verdict.released_within, 3),
+        "released_within_exact": verdict.released_within is None or not verdict.at_least,
         "stuck_since": None if verdict.stuck_since is None else format_time(verdict.stuck_since),
         "stuck_for_s": _age(verdict.stuck_since, now),
+        "stuck_for_exact": verdict.stuck_since is None or not verdict.at_least,
         "stuck_on": list(verdict.stuck_on),
         "released_unprocessed": verdict.released_unprocessed,
         "bottleneck": verdict.bottleneck,
         "holding": list(verdict.holding),
         "missing": list(verdict.missing),
+        "uncommitted": [
+            {
+                "group": entry.group,
+                "partitions": list(entry.partitions),
+                "records": entry.records,
+                "ever_committed": entry.ever,
+                "did_you_mean": entry.hint,
+            }
+            for entry in verdict.uncommitted
+        ],
     }
+
+
+SHOWN_PARTITIONS = 4
+"""Partitions a verdict names per group before it says how many more."""
+
+
+def _stuck(verdict: Verdict, now: float) -> str:
+    """The alarm of a stuck gate: the groups without a commit where records wait (all of
+    them wait), then since when the others have waited with their watermark still."""
+    lacking = {entry.group for entry in verdict.uncommitted}
+    said: list[str] = []
+    for entry in verdict.uncommitted:
+        names = list(entry.partitions[:SHOWN_PARTITIONS])
+        more = len(entry.partitions) - len(names)
+        where = ", ".join(names) + (f" and {more:,} more" if more > 0 else "")
+        verb = "has no committed offset any more" if entry.ever else "has never committed"
+        line = f"{entry.group} {verb} on {where}"
+        if entry.hint:
+            line += f" (did you mean {entry.hint!r}?)"
+        line += f": all {_records(entry.records)} there wait"
+        said.append(line)
+    stalled = [group for group in verdict.stuck_on if group not in lacking]
+    waiting = _records(verdict.records_waiting)
+    if verdict.stuck_since is None or not stalled:
+        return f"stuck: {'; '.join(said)}; {waiting} waiting in all"
+    since = verdict.stuck_since
+    clock = datetime.fromtimestamp(since, UTC).strftime("%H:%M:%S UTC")
+    bound = "≥ " if verdict.at_least else ""
+    text = (
+        f"stuck since {'at least ' if verdict.at_least else ''}{clock} "
+        f"({bound}{_duration(now - since)}) on {', '.join(stalled)}: {waiting} waiting"
+    )
+    return "; ".join([text, *said])
+
+
+def _early(at: float, began: float | None) -> bool:
+    """Whether ``at`` is the gate's first poll: what happened then happened at or before it."""
+    return began is not None and at <= began + EARLY
 
 
 def _missing(names: Sequence[str]) -> str:
@@ -127,7 +174,7 @@ class _Rollup:
 
     def __init__(self) -> None:
         self.holding = 0
-        self.lag = 0
+        self.lag: int | None = 0  # None: no commit on a partition with records
         self.oldest: float | None = None  # the age of its oldest unprocessed record
         self.exact = True  # that age is exact on every partition where it is the oldest
         self.exact_unknown = True  # exact on every partition where that age is unknown
@@ -153,12 +200,16 @@ def _rollups(state: GateState) -> dict[str, _Rollup]:
         for group in part.holding:  # each group once (see PartitionState.holding)
             if group in rollups:
                 rollups[group].holding += 1
-        for group, (_, lag, _, moved_at, seconds, exact) in position_tuples(part.groups).items():
+        for group, position in position_tuples(part.groups).items():
+            committed, lag, _, moved_at, seconds, exact = position
             rollup = rollups.get(group)
             if rollup is None:  # not a dependency of the gate now: not in the summary
                 continue
+            if committed is None and part.end_offset != 0:
+                rollup.lag = None  # every record there, or unknown: never 0
             if lag:
-                rollup.lag += lag
+                if rollup.lag is not None:
+                    rollup.lag += lag
                 if moved_at is not None and (
                     rollup.unmoved_since is None or moved_at < rollup.unmoved_since
                 ):
@@ -193,6 +244,7 @@ def gate_summary(
             "lag_s": None if oldest is None else round(oldest, 3),
             "lag_s_exact": rollup.exact if oldest is not None else rollup.exact_unknown,
             "unmoved_s": None if since is None else round(now - since, 3),
+            "unmoved_s_exact": since is None or not _early(since, state.began),
             "offsets_age_s": _age(state.carried.get(group), now),
         }
     dependent = None
@@ -271,6 +323,7 @@ def _partition(
         "watermark": part.watermark,
         "waiting": part.waiting,
         "waiting_s": None if part.waiting_seconds is None else round(part.waiting_seconds, 3),
+        "waiting_s_exact": part.waiting_exact,
         "watermark_moved_at": _time(part.watermark_moved_at, times),
         "holding": list(part.holding),
         "dependent": part.dependent,

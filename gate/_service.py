@@ -318,10 +318,17 @@ class GateService:
             self.metrics.poll_errors.labels(error.split(":", 1)[0].split(" ", 1)[0]).inc()
         if poll.errors != self._logged_errors:
             if poll.errors:
+                kept = [gate for gate in skipped if self.store.latest(gate) is not None]
+                pending = [gate for gate in skipped if gate not in kept]
+                said = []
+                if kept:
+                    said.append(f"serving the last snapshot of {', '.join(kept)}")
+                if pending:
+                    said.append(f"no snapshot yet of {', '.join(pending)}")
                 log.warning(
-                    "poll failed (%s); serving the last snapshot of %s",
+                    "poll failed (%s)%s",
                     "; ".join(poll.errors),
-                    ", ".join(skipped) or "no gate",
+                    f"; {'; '.join(said)}" if said else "",
                 )
             else:
                 log.info("poll recovered")

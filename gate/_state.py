@@ -73,6 +73,9 @@ class PollResult:
     """Groups whose offsets in ``committed`` this poll did not read but carried from their
     last read (idle and caught up: see ``idle_poll_interval_ms``), and when that read's poll
     started (wall clock)."""
+    known_groups: frozenset[str] | None = None
+    """The consumer groups the cluster lists, when this poll asked (a dependency had no
+    committed offset anywhere): for suggesting a close name. None: not asked this time."""
 
     @property
     def duration(self) -> float:
@@ -181,8 +184,9 @@ def position_tuples(groups: Mapping[str, GroupPosition]) -> Mapping[str, Positio
 class GroupLag(NamedTuple):
     """A group over all partitions of a gate."""
 
-    records: int
-    """Records behind the end, summed over the partitions where it is known."""
+    records: int | None
+    """Records behind the end, summed over the partitions; None when it has no committed
+    offset on a partition that has records (its lag there is unknown, never 0)."""
     seconds: float | None
     """Age of the oldest record it has not processed (None: unknown everywhere)."""
 
@@ -203,6 +207,9 @@ class PartitionState:
     """Age of the oldest record held back (0 when none waits; None when unknown)."""
     dependent: int | None = None
     """The dependent's own committed offset, when its group is known and has one."""
+    waiting_exact: bool = True
+    """False when ``waiting_seconds`` is a lower bound (the records are older than the gate's
+    history: it started after them) or coarse."""
 
     @property
     def waiting(self) -> int | None:
@@ -277,6 +284,23 @@ VerdictState = Literal["released", "flowing", "stuck", "missing"]
 
 
 @dataclass(frozen=True, slots=True)
+class Uncommitted:
+    """A dependency group without a committed offset on partitions where records wait: they
+    cannot be released until it commits there (an alarm from the first poll)."""
+
+    group: str
+    partitions: tuple[str, ...]
+    """As ``topic[partition]``."""
+    records: int
+    """Records waiting on those partitions: all of them, for a group that never committed."""
+    ever: bool
+    """Whether the gate saw it commit on any of the gate's partitions (its offsets were lost
+    since) or not (never committed, or a misspelt name)."""
+    hint: str | None = None
+    """A close name among the cluster's groups (a misspelt dependency), when there is one."""
+
+
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """The gate in one line: everything released, flowing, or an alarm: stuck, or missing
     (a topic or partition of the gate does not exist, so nothing on it is released)."""
@@ -298,6 +322,11 @@ class Verdict:
     """The groups holding records back, the one holding the most partitions first."""
     missing: tuple[str, ...] = ()
     """Missing: the topics, and partitions as ``topic[partition]``, that do not exist."""
+    uncommitted: tuple[Uncommitted, ...] = ()
+    """Stuck: groups without a committed offset where records wait."""
+    at_least: bool = False
+    """``released_within``, or the time since ``stuck_since``, is a lower bound: the records
+    or the stall are older than what the gate has seen (it started after them)."""
 
 
 RELEASED = Verdict("released", 0, None, None, (), 0, None)
@@ -329,6 +358,9 @@ class GateState:
     carried: Mapping[str, float] = field(default_factory=dict)
     """Dependency groups whose offsets the poll carried from an earlier read, and when that
     read was (wall clock; see :attr:`PollResult.carried`)."""
+    began: float | None = None
+    """The wall time of the evaluator's first poll: a time at or before it (a commit or a
+    watermark first seen then) stands for "at least since then"."""
 
     @property
     def gate(self) -> str:

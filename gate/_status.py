@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gate._check import closest
 from gate._group import GroupResult, StatusPolicy, Track, evaluate_group
 from gate._lag import EndHistory
 from gate._state import (
@@ -88,6 +89,12 @@ class GateEvaluator:
     """The positions handed out per partition, the same object while they stay the same."""
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
     """The most partitions seen per topic: fewer now means partitions do not exist."""
+    _began: float | None = field(default=None, repr=False)
+    """The wall time of the first poll evaluated."""
+    _ever: set[str] = field(default_factory=set, repr=False)
+    """Groups seen committing on the gate's partitions."""
+    _known_groups: frozenset[str] | None = field(default=None, repr=False)
+    """The cluster's consumer groups, as last listed (for suggesting close names)."""
 
     @property
     def last(self) -> GateState | None:
@@ -205,6 +212,13 @@ class GateEvaluator:
                 positions[tp] = {**positions[tp], **changed_here}  # copied: states share them
             changed = list(offsets_moved)
         evaluated.update(moved)
+        for group, result in moved.items():
+            if result.effective:
+                self._ever.add(group)
+        if poll.known_groups is not None:
+            self._known_groups = poll.known_groups
+        if self._began is None:
+            self._began = wall
         self._positions = positions
         # Watermarks and holding groups anew where an offset that counts changed; elsewhere
         # those of the previous state (not fresh: the partitions and their ends are the same).
@@ -245,12 +259,13 @@ class GateEvaluator:
                     if (offset := offsets.get(tp)) is None or offset == watermark
                 )
             history = histories.get(tp)
+            waiting_exact = True
             if caught_up:
                 waiting_seconds: float | None = 0.0
             elif history is None:
                 waiting_seconds = None
             else:
-                waiting_seconds = history.lag(watermark or 0, now).seconds
+                waiting_seconds, waiting_exact = history.lag(watermark or 0, now)
             view = views.get(tp)
             if view is None or not view.built_from(positions[tp]):
                 view = views[tp] = GroupPositions(positions[tp])
@@ -264,6 +279,7 @@ class GateEvaluator:
                 mark[1] + shift,
                 waiting_seconds,
                 dependent.get(tp),
+                waiting_exact,
             )
 
         previous_state = self._last
@@ -289,15 +305,27 @@ class GateEvaluator:
                 wall,
                 self.policy.stall_after,
                 (*missing_topics, *(f"{t}[{p}]" for t, p in missing_partitions)),
+                self._began,
+                self._ever,
+                self._hint,
             ),
             dependent=self.dependent,
             monotonic=poll.monotonic,
             group_lags={group: evaluated[group].lag for group in self.groups},
             evaluated=len(moved),
             carried={g: poll.carried[g] for g in self.groups if g in poll.carried},
+            began=self._began,
         )
         self._last = state
         return state
+
+    def _hint(self, group: str) -> str | None:
+        """A group on the cluster whose name is close to ``group`` (a misspelt dependency),
+        as ``gate check`` suggests it."""
+        known = self._known_groups
+        if not known or group in known:
+            return None
+        return closest(group, sorted(known))
 
     def _partitions_of(
         self, poll: PollResult

@@ -12,6 +12,18 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 
+class UncommittedBody(BaseModel):
+    group: str
+    partitions: list[str] = Field(description="As topic[partition].")
+    records: int = Field(description="Records waiting there: all of them.")
+    ever_committed: bool = Field(
+        description="Whether the gate saw it commit there before (its offsets were lost)."
+    )
+    did_you_mean: str | None = Field(
+        description="A consumer group on the cluster with a close name (a misspelling?)."
+    )
+
+
 class VerdictBody(BaseModel):
     state: Literal["released", "flowing", "stuck", "missing", "unknown"] = Field(
         description="released: nothing waits; flowing: records wait but the watermarks move "
@@ -25,11 +37,21 @@ class VerdictBody(BaseModel):
     released_within_s: float | None = Field(
         description="Flowing: the age of the oldest record held back."
     )
+    released_within_exact: bool = Field(
+        default=True,
+        description="False when released_within_s is a lower bound (the records are older "
+        "than what the gate has seen: it started after them).",
+    )
     stuck_since: str | None = Field(
         description="Stuck: since when records have waited with the watermark still (the "
         "later of its last move and the oldest waiting record's arrival)."
     )
     stuck_for_s: float | None = Field(description="Stuck: seconds since then.")
+    stuck_for_exact: bool = Field(
+        default=True,
+        description="False when stuck_for_s is a lower bound (the stall began before the "
+        "gate's first poll).",
+    )
     stuck_on: list[str] = Field(description="Stuck: the groups holding those partitions.")
     released_unprocessed: int = Field(
         description="Records released to the dependent that it has not committed yet."
@@ -43,6 +65,11 @@ class VerdictBody(BaseModel):
     missing: list[str] = Field(
         description="Missing: the topics, and partitions as topic[partition], that do not exist."
     )
+    uncommitted: list[UncommittedBody] = Field(
+        default_factory=list,
+        description="Stuck: dependency groups without a committed offset where records wait "
+        "(nothing there is released until they commit).",
+    )
 
 
 DependencyStatusName = Literal["OK", "LAGGING", "BEHIND", "REWOUND", "STALLED", "MISSING"]
@@ -51,7 +78,10 @@ DependencyStatusName = Literal["OK", "LAGGING", "BEHIND", "REWOUND", "STALLED", 
 class GroupSummary(BaseModel):
     status: DependencyStatusName = Field(description="Its worst partition's status.")
     holding: int = Field(description="Partitions it holds back (it is at the watermark).")
-    lag: int = Field(description="Records behind the end, over all partitions.")
+    lag: int | None = Field(
+        description="Records behind the end, over all partitions (null: unknown, as it has "
+        "no committed offset on a partition with records; never 0 then)."
+    )
     lag_s: float | None = Field(
         description="Age of the oldest record it has not processed (null: unknown)."
     )
@@ -62,6 +92,10 @@ class GroupSummary(BaseModel):
     unmoved_s: float | None = Field(
         description="Seconds since its committed offset last moved on a partition where it "
         "has lag (null: it has lag nowhere)."
+    )
+    unmoved_s_exact: bool = Field(
+        default=True,
+        description="False when unmoved_s is a lower bound (unmoved since the gate's first poll).",
     )
     offsets_age_s: float | None = Field(
         default=None,
@@ -123,6 +157,11 @@ class PartitionBody(BaseModel):
     watermark: int | None = Field(description="Records below it are released (null: none).")
     waiting: int | None = Field(description="Records held back (null: end unknown).")
     waiting_s: float | None = Field(description="Age of the oldest record held back.")
+    waiting_s_exact: bool = Field(
+        default=True,
+        description="False when waiting_s is a lower bound (the records are older than the "
+        "gate's history).",
+    )
     watermark_moved_at: str | None
     holding: list[str] = Field(
         description="The groups at the watermark while records wait (ties together)."
@@ -140,7 +179,7 @@ class GateStatus(GateSummary):
 
 
 class GroupHistory(BaseModel):
-    lag: int = Field(description="Records behind the end, over all partitions.")
+    lag: int | None = Field(description="Records behind the end, over all partitions.")
     lag_s: float | None = Field(description="Age of the oldest record it has not processed.")
 
 

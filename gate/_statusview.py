@@ -163,9 +163,9 @@ def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:
             name,
             Text(group["status"], style=STATUS_STYLES.get(group["status"], "")),
             _num(group["holding"]),
-            _num(group["lag"]),
+            _lag(group),
             _seconds(group["lag_s"], group["lag_s_exact"]),
-            _seconds(group["unmoved_s"]),
+            _seconds(group["unmoved_s"], group.get("unmoved_s_exact", True)),
         )
 
     ordered = sorted(partitions, key=lambda p: (-(p["waiting"] or 0), p["topic"], p["partition"]))
@@ -199,11 +199,18 @@ def _gate(status: Mapping[str, Any], limit: int) -> list[RenderableType]:
             _num(p["end_offset"]),
             "none" if p["watermark"] is None else _num(p["watermark"]),
             _num(p["waiting"]),
-            _seconds(p["waiting_s"]) if p["waiting"] else "",
+            _seconds(p["waiting_s"], p.get("waiting_s_exact", True)) if p["waiting"] else "",
             *cells,
             Text(", ".join(p["holding"]), style="yellow"),
         )
     return [line, group_table, part_table]
+
+
+def _lag(group: Mapping[str, Any]) -> str:
+    """A group's lag in records; unknown (never 0) while it has no commit where records are."""
+    if group["lag"] is None:
+        return "no commit" if group["status"] == "MISSING" else "unknown"
+    return _num(group["lag"])
 
 
 def _seconds(value: float | None, exact: bool = True) -> str:

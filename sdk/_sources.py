@@ -87,7 +87,8 @@ class _ThreadSource:
         now = time.monotonic()
         said = self._said_down_at
         if said is None or (error != self._said_error and now - said >= REPEAT_AFTER):
-            log.warning("%s: %s (keeping the last snapshot; retrying)", self.name, error)
+            kept = "keeping the last snapshot" if self.view else "no snapshot yet"
+            log.warning("%s: %s (%s; retrying)", self.name, error, kept)
             self._said_down_at, self._said_error = now, error
         self.state.up = False
         self.state.error = error
@@ -158,7 +159,7 @@ class RedisSource(_ThreadSource):
                         elif message.get("type") == "message":
                             self._offer_json(message["data"])
                 except redis.RedisError as exc:
-                    self._down(f"redis: {exc}")
+                    self._down(str(exc))
                     with contextlib.suppress(Exception):
                         pubsub.reset()
                     self._stop.wait(backoff)

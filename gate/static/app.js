@@ -193,6 +193,12 @@ function setLive(on) {
 
 const isHeld = (part) => (part.waiting === null ? part.watermark === null : part.waiting > 0);
 
+// A group's lag in records: unknown (never 0) while it has no commit where records are.
+function lagText(group) {
+  if (group.lag !== null && group.lag !== undefined) return fmt(group.lag);
+  return group.status === "MISSING" ? "no commit" : "unknown";
+}
+
 function seconds(value, exact = true) {
   if (value === null || value === undefined) return "–";
   const prefix = exact ? "" : "≥ ";
@@ -242,10 +248,11 @@ function render(status) {
   $("card-waiting").textContent = fmt(status.records_waiting);
   if (verdict.state === "stuck") {
     $("card-wait-label").textContent = "stuck for";
-    $("card-wait").textContent = seconds(verdict.stuck_for_s);
+    $("card-wait").textContent = seconds(verdict.stuck_for_s, verdict.stuck_for_exact !== false);
   } else {
     $("card-wait-label").textContent = "released within";
-    $("card-wait").textContent = verdict.state === "flowing" ? seconds(verdict.released_within_s) : "–";
+    $("card-wait").textContent = verdict.state === "flowing"
+      ? seconds(verdict.released_within_s, verdict.released_within_exact !== false) : "–";
   }
   $("card-version").textContent = `polled ${clock(status.polled_at)} · version ${status.version}`;
   tickAge();
@@ -253,9 +260,13 @@ function render(status) {
   const box = $("verdict");
   box.dataset.state = verdict.state;
   box.replaceChildren(el("strong", { text: status.gate }), `: ${verdict.text}`);
-  if (verdict.state === "stuck") {
+  if (verdict.state === "stuck" && verdict.stuck_since) {
+    const atLeast = verdict.stuck_for_exact === false ? "at least " : "";
     box.append(el("span", { className: "since",
-      text: `records have waited since ${clock(verdict.stuck_since)} with the watermark still; it waits for ${verdict.stuck_on.join(", ")}` }));
+      text: `records have waited since ${atLeast}${clock(verdict.stuck_since)}; it waits for ${verdict.stuck_on.join(", ")}` }));
+  } else if (verdict.state === "stuck") {
+    box.append(el("span", { className: "since",
+      text: `nothing there is released until ${verdict.stuck_on.join(", ")} ${verdict.stuck_on.length === 1 ? "commits" : "commit"}` }));
   }
   if (status.dependent && status.dependent.committed) {
     box.append(el("span", { className: "since",
@@ -272,9 +283,10 @@ function render(status) {
       el("td", { text: g }),
       el("td", {}, el("span", { className: "status", "data-status": group.status, text: group.status })),
       el("td", { className: "num", "data-field": "holds", text: fmt(group.holding) }),
-      el("td", { className: "num", "data-field": "lag", text: fmt(group.lag) }),
+      el("td", { className: "num", "data-field": "lag", text: lagText(group) }),
       el("td", { className: "num", "data-field": "lag-s", text: seconds(group.lag_s, group.lag_s_exact) }),
-      el("td", { className: "num", "data-field": "unmoved", text: seconds(group.unmoved_s) }));
+      el("td", { className: "num", "data-field": "unmoved",
+        text: seconds(group.unmoved_s, group.unmoved_s_exact !== false) }));
   }));
 
   const topics = {};
@@ -365,7 +377,8 @@ function renderCharts() {
   for (const [g, group] of charted(status)) {
     const past = (p) => p.groups[g] || {};
     charts.push(drawChart(g,
-      el("span", { className: "muted" }, "lag ", number("lag", fmt(group.lag)), " records · ",
+      el("span", { className: "muted" }, "lag ", number("lag", lagText(group)),
+        group.lag === null ? " · " : " records · ",
         number("lag-s", seconds(group.lag_s, group.lag_s_exact))),
       [series("records", "lag", "records", (p) => past(p).lag, group.lag),
         series("seconds", "lag", "s", (p) => past(p).lag_s, group.lag_s)],

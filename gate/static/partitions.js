@@ -86,7 +86,7 @@ function renderPartitions() {
     el("td", { className: "num col-partition", text: p.partition }),
     el("td", { className: "num", "data-field": "waiting", text: fmt(p.waiting) }),
     el("td", { className: "holding", "data-field": "holding", text: p.holding.join(", ") }),
-    el("td", { className: "num", "data-field": "oldest", text: p.waiting ? seconds(p.waiting_s) : "" }),
+    el("td", { className: "num", "data-field": "oldest", text: p.waiting ? seconds(p.waiting_s, p.waiting_s_exact !== false) : "" }),
     el("td", { className: "num", "data-field": "end", text: fmt(p.end_offset) }),
     el("td", { className: "num", "data-field": "watermark", text: p.watermark === null ? "none" : fmt(p.watermark) }),
     ...groupColumns().map((g) => {

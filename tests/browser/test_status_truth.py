@@ -5,6 +5,8 @@ screenshots go to tests/artifacts/."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -132,3 +134,103 @@ def test_a_stopping_gate_shows_that_and_nothing_else(browser, kafka: Kafka) -> N
     assert page.locator("#service").inner_text() == "unreachable"
     assert colour(page, '#gates button[data-gate="service-a"] .dot') == "rgb(156, 163, 175)"
     screenshot(page, "status-page-gate-stopped.png")
+
+
+def test_a_dependency_that_never_committed_is_a_red_alarm_at_once(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    """A misspelt dependency (it has never committed): the first update is an alarm naming
+    it and suggesting the group of the close name, its lag is no commit (never 0), and the
+    ages of records older than the gate are lower bounds."""
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 20, 1: 20})
+    b, c = unique("service-b"), unique("service-c")
+    kafka.commit(b, topic, {0: 20, 1: 20})
+    kafka.commit(c, topic, {0: 20, 1: 20})
+    misspelt = c + "c"
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b, misspelt]}},
+        poll_interval_ms=100,
+        status={"stall_after_ms": 600_000},
+    )
+    with serve_gate(config) as gate:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'stuck'", timeout=15_000
+        )
+        page.wait_for_function(
+            "document.getElementById('verdict').textContent.includes('did you mean')",
+            timeout=15_000,
+        )
+        text = page.locator("#verdict").inner_text()
+        assert f"{misspelt} has never committed on {topic}[0], {topic}[1]" in text, text
+        assert f"did you mean '{c}'?" in text, text
+        assert "all 40 records there wait" in text, text
+        assert "flowing" not in text and "released within" not in text
+        assert style(page, "#verdict", "borderLeftColor") == RED
+        row = f'#groups tr[data-group="{misspelt}"]'
+        assert page.locator(f"{row} .status").inner_text() == "MISSING"
+        assert page.locator(f'{row} [data-field="lag"]').inner_text() == "no commit"
+        oldest = page.locator('#partitions [data-field="oldest"]').first.inner_text()
+        assert oldest.startswith("≥ "), oldest  # the records are older than the gate
+        screenshot(page, "status-page-never-committed.png")
+
+
+def test_ages_older_than_the_gate_are_lower_bounds(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    """Records produced before the gate started: how long they wait is shown as at least
+    (≥) in the verdict, the card and the partitions."""
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 30})
+    b = unique("service-b")
+    kafka.commit(b, topic, {0: 12})
+    time.sleep(2.0)
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b]}},
+        poll_interval_ms=100,
+        status={"stall_after_ms": 600_000},
+    )
+    with serve_gate(config) as gate:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'flowing'", timeout=15_000
+        )
+        text = page.locator("#verdict").inner_text()
+        assert "released within ≥ " in text, text
+        assert page.locator("#card-wait").inner_text().startswith("≥ ")
+        oldest = page.locator('#partitions [data-field="oldest"]').first.inner_text()
+        assert oldest.startswith("≥ "), oldest
+        screenshot(page, "status-page-lower-bounds.png")
+
+
+def test_a_stalled_holder_is_an_alarm_at_once(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
+    """b stops at 10; c, lower, catches up to it later, so the watermark moved recently:
+    the moment b shows STALLED, the verdict is the alarm, not flowing."""
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 30})
+    b, c = unique("service-b"), unique("service-c")
+    kafka.commit(b, topic, {0: 10})
+    kafka.commit(c, topic, {0: 5})
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b, c]}},
+        poll_interval_ms=100,
+        status={"stall_after_ms": 4000},
+    )
+    with serve_gate(config) as gate:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_selector(f'#groups tr[data-group="{b}"] .status')
+        time.sleep(2.0)
+        kafka.commit(c, topic, {0: 10})  # the watermark moves to b's offset now
+        status = f'#groups tr[data-group="{b}"] .status'
+        page.wait_for_function(
+            f"document.querySelector('{status}').textContent === 'STALLED'", timeout=20_000
+        )
+        state = page.evaluate("document.getElementById('verdict').dataset.state")
+        text = page.locator("#verdict").inner_text()
+        assert state == "stuck", text
+        assert f"on {b}" in text and "flowing" not in text, text
+        assert style(page, "#verdict", "borderLeftColor") == RED
+        screenshot(page, "status-page-stalled-holder.png")

@@ -19,11 +19,14 @@ TOPIC = "t"
 
 def lags_from_positions(state: GateState) -> dict[str, GroupLag]:
     """Each group's lag summed over its positions (what the status page's history shows)."""
-    records = dict.fromkeys(state.groups, 0)
+    records: dict[str, int | None] = dict.fromkeys(state.groups, 0)
     seconds: dict[str, float | None] = dict.fromkeys(state.groups)
     for part in state.partitions.values():
         for group, position in part.groups.items():
-            records[group] += position.lag or 0
+            if position.committed is None and part.end_offset != 0:
+                records[group] = None  # no commit where records are: unknown, never 0
+            elif records[group] is not None:
+                records[group] = (records[group] or 0) + (position.lag or 0)
             if position.lag_seconds is not None:
                 seconds[group] = max(seconds[group] or 0.0, round(position.lag_seconds, 3))
     return {group: GroupLag(records[group], seconds[group]) for group in state.groups}

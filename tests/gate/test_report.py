@@ -28,17 +28,26 @@ def groups_read_one_by_one(state: GateState, now: float) -> dict[str, dict[str, 
     parts = list(state.partitions.values())
     groups = {}
     for group, status in state.groups.items():
-        lags = [p.groups[group] for p in parts if group in p.groups]
+        held = [p for p in parts if group in p.groups]
+        lags = [p.groups[group] for p in held]
         lag_seconds = [x.lag_seconds for x in lags if x.lag_seconds is not None]
         unmoved = [now - x.moved_at for x in lags if x.lag and x.moved_at is not None]
         oldest = max(lag_seconds, default=None)
         groups[group] = {
             "status": status.value,
             "holding": sum(1 for p in parts if group in p.holding),
-            "lag": sum(x.lag or 0 for x in lags),
+            "lag": None  # no commit where records are: unknown, never 0
+            if any(
+                x.committed is None and p.end_offset != 0 for p, x in zip(held, lags, strict=True)
+            )
+            else sum(x.lag or 0 for x in lags),
             "lag_s": None if oldest is None else round(oldest, 3),
             "lag_s_exact": all(x.lag_exact for x in lags if x.lag_seconds == oldest),
             "unmoved_s": round(max(unmoved), 3) if unmoved else None,
+            "unmoved_s_exact": not unmoved
+            or state.began is None
+            or min(x.moved_at for x in lags if x.lag and x.moved_at is not None)
+            > state.began + 1e-3,
             "offsets_age_s": _age(state.carried.get(group), now),
         }
     return groups

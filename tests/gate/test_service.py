@@ -249,3 +249,16 @@ def test_cycles_longer_than_the_interval_are_counted_and_shown(
         served.admin.delay = 0.0
         wait_until(lambda: not served.service.overrunning, what="cycles fitting again")
         assert client.get("/status").json()["overrunning"] is False
+
+
+def test_a_failed_poll_says_last_snapshot_only_when_there_is_one(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cluster does not answer from the start: there is no snapshot to serve, and the
+    warning does not pretend there is one."""
+    served.admin.down = True
+    with caplog.at_level("WARNING", "gate"):
+        served.cycle()
+    said = [r.getMessage() for r in caplog.records if "poll failed" in r.getMessage()]
+    assert said and all("last snapshot" not in line for line in said), said
+    assert all("no snapshot yet of a, x" in line for line in said), said
