@@ -87,7 +87,8 @@ class _ThreadSource:
         now = time.monotonic()
         said = self._said_down_at
         if said is None or (error != self._said_error and now - said >= REPEAT_AFTER):
-            kept = "keeping the last snapshot" if self.view else "no snapshot yet"
+            held = self.view is not None and self.view.snapshot is not None
+            kept = "keeping the last snapshot" if held else "no snapshot yet"
             log.warning("%s: %s (%s; retrying)", self.name, error, kept)
             self._said_down_at, self._said_error = now, error
         self.state.up = False

@@ -368,3 +368,24 @@ def test_malformed_sources_fail_when_built() -> None:
         HttpSource("localhost:8080")
     with pytest.raises(GateError, match="http source"):
         HttpSource("http://[::1")
+
+
+def test_an_unreachable_source_says_last_snapshot_only_when_it_holds_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis refusing connections: before any snapshot the source says it has none yet
+    (never "keeping the last snapshot"), and names Redis once."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    source = RedisSource(url, timeout=0.2)
+    view = WatermarkView("a")
+    with caplog.at_level("WARNING", logger="sdk"):
+        source.start(view)
+        try:
+            wait_until(lambda: not source.state.up and source.state.error, timeout=10)
+            wait_until(lambda: any("retrying" in r.getMessage() for r in caplog.records))
+        finally:
+            source.stop()
+    said = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert said and all("no snapshot yet" in line for line in said), said
+    assert not any("last snapshot" in line for line in said), said
+    assert not any("redis: redis" in line for line in said), said
