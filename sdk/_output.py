@@ -113,8 +113,13 @@ def outputs_of(returned: Any) -> list[Output]:
     outputs existed may return anything); a value holding outputs in a form the engine cannot
     take (mixed with other values, nested, in a mapping, an async generator) is an error,
     raised as ``TypeError`` (the input fails)."""
-    if type(returned) is list or type(returned) is tuple:  # (the common case, first)
+    kind = type(returned)
+    if kind is Output:  # (the common cases first)
+        return [returned]
+    if kind is list or kind is tuple:
         found = returned
+    elif kind in _SCALARS:
+        return []
     elif isinstance(returned, Output):
         return [returned]
     elif isinstance(returned, _NOT_OUTPUTS):
@@ -146,6 +151,7 @@ def outputs_of(returned: Any) -> list[Output]:
 
 
 _NOT_OUTPUTS = (str, bytes, bytearray, memoryview)
+_SCALARS = frozenset({int, float, bool, str, bytes})
 _WRONG_FORM = (
     "the handler returned outputs in {kind}: return None, an Output or an iterable of Outputs"
 )

@@ -131,6 +131,18 @@ class Shell:
         if worker.settled:
             self.engine.runner.report(item, worker.end())
 
+    def in_open_transaction(self, keys: list[bytes]) -> Any:
+        """Records with ``keys`` arrive on partition 0 and run: their outputs are in the open
+        transaction. Returns the producer of outputs."""
+        self.cluster.produce(0, keys)
+        self.turn(2)
+        for item in self.running():
+            self.run(item)
+        self.turn()
+        producer = self.engine.output_producer
+        assert producer is not None
+        return producer
+
     def run_all(self, turns: int = 50, seconds: float = 0.05, ran: list[int] | None = None) -> None:
         """Every record succeeds with its output, acknowledged, turn after turn."""
         runner = self.engine.runner
@@ -845,13 +857,7 @@ def test_a_transaction_commit_that_timed_out_does_not_stop_the_consumer() -> Non
     shell = Shell(
         Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=0.1), keeps_metadata=True
     )
-    shell.cluster.produce(0, [b"a", b"b"])
-    shell.turn(2)
-    for item in shell.running():
-        shell.run(item)
-    shell.turn()
-    producer = shell.engine.output_producer
-    assert producer is not None
+    producer = shell.in_open_transaction([b"a", b"b"])
     producer.fail("commit", "retriable")
     try:
         shell.turn(seconds=0.2)  # the commit is due, and times out
@@ -935,13 +941,7 @@ def test_a_fenced_producer_makes_no_further_transactional_call() -> None:
     ``_CONFLICT``, replaced the producer, and its initialisation fenced the process that had
     taken over)."""
     shell = transactional_shell()
-    shell.cluster.produce(0, [b"a", b"b"])
-    shell.turn(2)
-    for item in shell.running():
-        shell.run(item)
-    shell.turn()
-    producer = shell.engine.output_producer
-    assert producer is not None
+    producer = shell.in_open_transaction([b"a", b"b"])
     producer.fail("commit", "fenced_in_flight")
     with pytest.raises(TransactionError, match="fenced"):
         shell.turn(seconds=0.2)
@@ -963,13 +963,7 @@ def test_a_long_broker_outage_while_renewing_the_producer_does_not_stop_the_cons
     answers, the partitions go back to their committed offsets and every input's output
     commits once (before: the first retriable init failure stopped the consumer)."""
     shell = transactional_shell()
-    shell.cluster.produce(0, [b"a", b"b"])
-    shell.turn(2)
-    for item in shell.running():
-        shell.run(item)
-    shell.turn()
-    first = shell.engine.output_producer
-    assert first is not None
+    first = shell.in_open_transaction([b"a", b"b"])
     first.fail("commit", "retriable")
     original = shell.engine._new_output_producer
 
