@@ -114,6 +114,11 @@ class LastPoll(BaseModel):
     started_at: str
     duration_ms: float
     evaluation_ms: float = Field(description="Time spent evaluating the gates from it.")
+    cycle_ms: float | None = Field(
+        default=None,
+        description="The whole cycle, from when it was due to when it ended (null before the "
+        "first ends): the poll, the evaluation, a late start and publishing.",
+    )
     errors: list[str]
 
 

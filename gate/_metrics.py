@@ -87,7 +87,7 @@ class GateMetrics:
         )
         self.poll_overruns = Counter(
             "gate_poll_overruns",
-            "Poll cycles (poll and evaluation) that took longer than the poll interval: the "
+            "Poll cycles that took longer than the poll interval (from when due to when done): the "
             "next started when it ended, late (cycles are never queued).",
             registry=registry,
         )

@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from gate._config import GateConfig, GateSpec
+from gate._events import GateEvents, Overruns, cycle_timing
 from gate._isolated import IsolatedPoller, make_poller
 from gate._metrics import GateMetrics
 from gate._poller import OffsetPoller, describe_kafka_error
@@ -72,10 +73,9 @@ class GateService:
         self.last_poll: PollResult | None = None
         self.last_evaluation: float = 0.0
         """Seconds the last poll cycle spent evaluating the gates."""
-        self.overruns = 0
-        """Poll cycles that took longer than the poll interval (the next started late)."""
-        self.overrunning = False
-        """Whether the last poll cycle took longer than the poll interval."""
+        self.schedule = Overruns(self.metrics)
+        """How poll cycles fit the poll interval."""
+        self.events = GateEvents(self.metrics, config.status.rewind_policy)
         self.failing: dict[str, tuple[str, ...]] = {}
         """The gates the last poll cycle could not refresh, with what kept it from it."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -85,8 +85,6 @@ class GateService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._logged_errors: tuple[str, ...] = ()
         self._logged_dependent_errors: tuple[str, ...] = ()
-        self._missing: dict[str, tuple[str, ...]] = {}
-        """Per gate, the topics and partitions last logged as not existing."""
         dependencies = {g for spec in config.gates.values() for g in spec.depends_on}
         # Dependents' own groups that no gate depends on: read for their progress only, so a
         # failure to read them (e.g. an ACL covering just the dependencies) is no poll error.
@@ -230,7 +228,7 @@ class GateService:
                     log.exception("gate %s: unexpected error while evaluating a poll", name)
                 continue
             states.append(state)
-            self._record_events(state)
+            self.events.record(state, present(state))
         self.last_evaluation = time.perf_counter() - evaluating
         if isinstance(poller, IsolatedPoller):
             self.last_evaluation += poller.evaluation
@@ -240,60 +238,6 @@ class GateService:
         if poll.answered:
             self.answered_at = time.monotonic() if poll.monotonic is None else poll.monotonic
         return states
-
-    def _record_events(self, state: GateState) -> None:
-        self._log_missing(state)
-        for rewind in state.rewinds:
-            self.metrics.rewinds.labels(state.gate, rewind.group).inc()
-            log.warning(
-                "gate %s: group %s rewound %s[%d] from %d to %d; the watermark follows policy %r",
-                state.gate,
-                rewind.group,
-                rewind.topic,
-                rewind.partition,
-                rewind.before,
-                rewind.after,
-                self.config.status.rewind_policy,
-            )
-        for reset in state.resets:
-            log.warning(
-                "gate %s: the log of %s[%d] moved backwards (end %s -> %s: the topic was "
-                "deleted or recreated); its dependency history starts afresh",
-                state.gate,
-                reset.topic,
-                reset.partition,
-                reset.before,
-                "gone" if reset.after is None else reset.after,
-            )
-        for lost in state.lost:
-            self.metrics.lost_offsets.labels(state.gate, lost.group).inc()
-            log.warning(
-                "gate %s: group %s no longer has a committed offset on %s[%d] (was %d): "
-                "group deleted or offsets expired; nothing is released there until it commits",
-                state.gate,
-                lost.group,
-                lost.topic,
-                lost.partition,
-                lost.last,
-            )
-
-    def _log_missing(self, state: GateState) -> None:
-        """One line when topics or partitions of a gate stop existing, one when they appear."""
-        missing = state.verdict.missing
-        before = self._missing.get(state.gate, ())
-        if missing == before:
-            return
-        self._missing[state.gate] = missing
-        gone = [name for name in missing if name not in before]
-        back = [name for name in before if name not in missing]
-        if gone:
-            log.warning(
-                "gate %s: %s not exist on the cluster: nothing there is released (alarm)",
-                state.gate,
-                f"{', '.join(gone)} {'does' if len(gone) == 1 else 'do'}",
-            )
-        if back:
-            log.info("gate %s: %s exist(s) now", state.gate, ", ".join(back))
 
     def _set_dependent_errors_apart(self, poll: PollResult) -> PollResult:
         """Failures to read only a dependent's own group are logged (once per change), not
@@ -338,38 +282,40 @@ class GateService:
         interval = self.poll_interval
         next_at = time.monotonic()
         while True:
+            started = time.monotonic()
             try:
                 await self.poll_once()
             except Exception:  # never let one bad poll end the loop
                 self.metrics.poll_errors.labels("internal").inc()
                 log.exception("unexpected error while polling")
+            ended = time.monotonic()
+            poll = self.last_poll
+            timing = cycle_timing(
+                interval,
+                next_at,
+                started,
+                ended,
+                0.0 if poll is None else poll.duration,
+                self.last_evaluation,
+            )
+            self.schedule.note(timing)
             next_at += interval
-            delay = next_at - time.monotonic()
-            self._note_schedule(late=delay < 0, interval=interval)
-            if delay < 0:  # no cycle is queued: the next starts now, the schedule from it
-                next_at = time.monotonic()
+            delay = next_at - ended
+            if timing.late or delay < 0:  # none queued: the next starts now, the schedule too
+                next_at = ended
                 delay = 0
             await asyncio.sleep(delay)
 
-    def _note_schedule(self, late: bool, interval: float) -> None:
-        """Count a cycle that took longer than the interval; log when cycles start and stop
-        overrunning it."""
-        if late:
-            self.overruns += 1
-            self.metrics.poll_overruns.inc()
-        if late and not self.overrunning:
-            poll = self.last_poll
-            log.warning(
-                "poll cycles take longer than the poll interval (%.0f ms: poll %.0f ms, "
-                "evaluation %.0f ms): each starts when the previous ends, and snapshots are "
-                "that much older",
-                interval * 1000,
-                0.0 if poll is None else poll.duration * 1000,
-                self.last_evaluation * 1000,
-            )
-        elif self.overrunning and not late:
-            log.info("poll cycles fit the poll interval again")
-        self.overrunning = late
+    @property
+    def overruns(self) -> int:
+        """Poll cycles that took longer than the poll interval (the next started late)."""
+        return self.schedule.count
+
+    @property
+    def overrunning(self) -> bool:
+        """Whether poll cycles take longer than the poll interval (from the first that does
+        to the last of FIT_AGAIN_CYCLES that fit again in a row)."""
+        return self.schedule.overrunning
 
     @property
     def stale_after(self) -> float:

@@ -94,6 +94,9 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
                     "started_at": format_time(poll.started_at),
                     "duration_ms": round(poll.duration * 1000, 1),
                     "evaluation_ms": round(service.last_evaluation * 1000, 1),
+                    "cycle_ms": None
+                    if service.schedule.last is None
+                    else round(service.schedule.last.total * 1000, 1),
                     "errors": list(poll.errors),
                 },
                 "redis": None

@@ -107,11 +107,13 @@ class Gate:
                 silence = time.monotonic() - started  # no snapshot at all yet
             if silence > self.stale_after and not self.stale:
                 log.warning(
-                    "gate %s is stale: no news from %s for %.0fs; nothing beyond the last "
-                    "snapshot is released",
+                    "gate %s is stale: no news from %s for %.0fs; %s",
                     self.name,
                     ", ".join(s.state.name for s in self.sources),
                     silence,
+                    "nothing beyond the last snapshot is released"
+                    if self.view.snapshot is not None
+                    else "no snapshot yet: nothing is released",
                 )
                 self.stale = True
             elif silence <= self.stale_after and self.stale:

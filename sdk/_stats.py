@@ -108,12 +108,11 @@ def log_hold(gate: Gate, tp: TP, offset: int, held_for: float) -> None:
     why = gate.explain(tp[0], tp[1], offset)
     waiting = why.get("waiting_for")
     if waiting:
-        detail = ", ".join(
-            f"{w['group']} (committed {w['committed']}, behind by {w['behind_by']})"
-            for w in waiting
-        )
+        detail = ", ".join(_behind(w) for w in waiting)
+    elif why["watermark"] is None:
+        detail = "a watermark (none yet: a dependency has not committed there, or no snapshot)"
     else:
-        detail = f"watermark {why['watermark']}"
+        detail = f"the watermark to pass it (at {why['watermark']})"
     log.warning(
         "%s[%d]: records from offset %d held for %.0fs by gate %s: waiting for %s",
         tp[0],
@@ -122,4 +121,13 @@ def log_hold(gate: Gate, tp: TP, offset: int, held_for: float) -> None:
         held_for,
         gate.name,
         detail,
+    )
+
+
+def _behind(waiting: dict[str, Any]) -> str:
+    """One dependency group a held record waits for, as :meth:`Gate.explain` gives it."""
+    if waiting.get("committed") is None:
+        return f"{waiting['group']} (no committed offset there)"
+    return (
+        f"{waiting['group']} (committed {waiting['committed']}, behind by {waiting['behind_by']})"
     )

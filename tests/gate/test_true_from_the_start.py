@@ -70,6 +70,7 @@ def test_a_group_that_never_committed_is_an_alarm_at_once_with_a_suggestion() ->
     assert detail["partitions"][0]["groups"]["service-cc"]["lag"] is None
     shown = rendered(summary, detail)
     assert "service-cc" in shown and "flowing" not in shown
+    assert "None" not in shown and "None" not in text, shown
     row = next(line for line in shown.splitlines() if line.strip().startswith("│ service-cc"))
     assert " 0 " not in row, row
 

@@ -103,6 +103,36 @@ def test_a_long_hold_is_told(kafka: Kafka, caplog: pytest.LogCaptureFixture) -> 
     assert f"{topic}[0]" in held[0] and dependency in held[0], held
 
 
+def test_a_hold_on_a_group_that_never_committed_says_so(
+    kafka: Kafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No watermark yet: the line says which group has no committed offset, never 'None'."""
+    caplog.set_level(logging.INFO, logger="sdk")
+    topic = kafka.create_topic(1)
+    dependency = unique("dep")
+    kafka.produce(topic, {0: 3})
+    gate = Gate(
+        "a",
+        [EmbeddedSource({"bootstrap.servers": kafka.bootstrap}, [topic], [dependency])],
+        hold_log_after=1.0,
+    )
+    consumer = ParallelConsumer(
+        _consumer_config(kafka), [topic], lambda record: None, Options(), gate=gate, registry=None
+    )
+    consumer.start()
+    try:
+        wait_until(
+            lambda: any("held for" in line for line in _lines(caplog, "sdk", logging.WARNING)),
+            timeout=30,
+            what="a line about the hold",
+        )
+    finally:
+        consumer.stop(timeout=10)
+    held = [line for line in _lines(caplog, "sdk", logging.WARNING) if "held for" in line]
+    assert f"{dependency} (no committed offset there)" in held[0], held
+    assert "None" not in " ".join(_lines(caplog, "sdk", logging.INFO)), held
+
+
 def test_failing_records_are_summarised_not_logged_per_attempt(
     kafka: Kafka, caplog: pytest.LogCaptureFixture
 ) -> None:
