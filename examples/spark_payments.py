@@ -20,6 +20,14 @@ Add ``--gate-url http://127.0.0.1:8080`` to follow the demo gate's HTTP API inst
 the admin API from the job. Stop it with Ctrl-C (or SIGTERM): it stops its query and Spark, and
 exits 0; run it again and it resumes from its checkpoint. It needs the 'spark' extra
 (``pip install '.[spark]'``); without it, it says so in one line.
+
+The demo's broker starts empty each time (``payments`` begins again at offset 0): run against a
+new demo, the checkpoint in ``--work-dir`` is beyond the new log's end. The records it counted
+are gone and the new ones below it were never read, which is data loss, so by default the job
+fails at once (exit 1) with a line naming the partition, the checkpoint's offset and the log
+end. Start over with a new ``--work-dir`` (or delete its ``checkpoint`` folder), or pass
+``--fail-on-data-loss false``: each such partition is then read again from its earliest offset,
+after one warning naming the same (the source's ``failOnDataLoss`` option).
 """
 
 from __future__ import annotations
@@ -60,6 +68,13 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, default=default_work, help="checkpoint, output")
     parser.add_argument("--duration", type=float, default=0, help="seconds to run (0: Ctrl-C)")
     parser.add_argument("--trigger", default="1 second", help="micro-batch interval")
+    parser.add_argument(
+        "--fail-on-data-loss",
+        choices=["true", "false"],
+        default="true",
+        help="false: a checkpoint beyond the log end (a new demo) rereads the new log from its "
+        "start, after a warning, instead of failing",
+    )
     args = parser.parse_args()
 
     # Ctrl-C and SIGTERM ask to stop; the loop below stops the query and Spark itself, so no
@@ -85,6 +100,7 @@ def main() -> int:
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option("subscribe", args.topic)
         .option("maxOffsetsPerTrigger", "5000")
+        .option("failOnDataLoss", args.fail_on_data_loss)
     )
     if args.gate_url:
         stream = stream.option("gate.name", "service-a").option("gate.http.url", args.gate_url)

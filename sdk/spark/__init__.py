@@ -52,8 +52,12 @@ Options (those of Spark's JVM Kafka source where they fit; docs/spark.md compare
                                        ``false``)
 ``failOnDataLoss``                     ``true`` (default): a planned range that retention or
                                        deletion removed from Kafka fails the query, naming the
-                                       partition and the missing offsets; ``false``: logged,
-                                       counted, and reading continues from the log start
+                                       partition and the missing offsets, and so does a
+                                       checkpoint (or ``startingOffsets``) beyond the log end
+                                       (topic recreated, broker data lost); ``false``: logged,
+                                       counted, and reading continues from the log start (a
+                                       position beyond the end: one warning, then the
+                                       partition is read from its earliest offset)
 ``gate.name``                          the gate (required unless ``gate.enabled`` is
                                        ``false``)
 ``gate.redis.url``                     follow the gate service through Redis

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 IDLE_SECONDS = 30.0  # an unused consumer is closed after this long
 CHECK_SECONDS = 1.0  # how often idle consumers are looked for
 KEPT_PER_CONFIGURATION = 4  # most idle consumers kept for one configuration
+DRAIN_BATCH = 10_000  # events drained at once from a consumer being re-assigned
 
 # Prefetch limits sized to a range, used where the user set none: a consumer fetches about
 # what its range holds instead of librdkafka's defaults (100,000 records or 64 MiB queued per
@@ -75,6 +76,13 @@ class Reader:
         if (self.topic, self.partition, self.position) == (topic, partition, start):
             return
         self.position = -1  # unknown until the assignment is done
+        if self.topic:
+            # Drop what was queued for the previous assignment, errors included: an error
+            # queued there (its log gone, the topic recreated: "offset out of range") would
+            # otherwise be handed over with this range's records, and taken for its own.
+            self.consumer.unassign()
+            while self.consumer.consume(DRAIN_BATCH, 0):
+                pass
         self.consumer.assign([TopicPartition(topic, partition, start)])
         self.topic, self.partition, self.position = topic, partition, start
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from pyspark.sql.datasource import InputPartition
 
@@ -79,10 +79,36 @@ def data_loss(topic: str, partition: int, first: int, end: int) -> str:
     )
 
 
-def not_below(start: Offsets, end: Offsets) -> Offsets:
-    """A plan never ends below its start (a dependency may have rewound below it)."""
+def beyond_end(topic: str, partition: int, where: str, offset: int, end: int) -> str:
+    """A position beyond the log end: the log the position was taken on is gone (the topic
+    was deleted and recreated, or the broker lost its data), and the records of the new log
+    below it were never read. ``where`` names the position ("the query's checkpoint", "the
+    start startingOffsets gives"); the caller says what follows (failing, or starting again)."""
+    return (
+        f"{NAME}: {topic}[{partition}]: {where} is at offset {offset}, beyond the log end {end} "
+        "(the topic was deleted and recreated, or the broker lost its data): the records "
+        "before it are gone and the log's records below it were never read"
+    )
+
+
+def beyond_end_error(topic: str, partition: int, where: str, offset: int, end: int) -> str:
+    return (
+        beyond_end(topic, partition, where, offset, end)
+        + "; set the option failOnDataLoss to false to read the partition from its earliest "
+        "offset"
+    )
+
+
+def not_below(
+    start: Offsets, end: Offsets, moved_back: Collection[tuple[str, str]] = ()
+) -> Offsets:
+    """A plan never ends below its start (a dependency may have rewound below it), except in
+    the partitions ``moved_back`` to their earliest offset (a position beyond the log end)."""
     return {
-        topic: {p: max(o, start.get(topic, {}).get(p, o)) for p, o in parts.items()}
+        topic: {
+            p: o if (topic, p) in moved_back else max(o, start.get(topic, {}).get(p, o))
+            for p, o in parts.items()
+        }
         for topic, parts in end.items()
     }
 
@@ -103,7 +129,10 @@ def cap(start: Offsets, end: Offsets, maximum: int) -> Offsets:
     given = 0
     for (topic, partition), count in sorted(available.items()):
         begin = start.get(topic, {}).get(partition, end[topic][partition])
-        share = (count * maximum) // total if count > 0 else 0
+        if count <= 0:  # nothing to read there (or moved back below its start): unchanged
+            capped.setdefault(topic, {})[partition] = end[topic][partition]
+            continue
+        share = (count * maximum) // total
         capped.setdefault(topic, {})[partition] = begin + share
         given += share
     # Hand out what rounding left, one record at a time, in a fixed order.
@@ -111,7 +140,7 @@ def cap(start: Offsets, end: Offsets, maximum: int) -> Offsets:
         if given >= maximum:
             break
         begin = start.get(topic, {}).get(partition, end[topic][partition])
-        if capped[topic][partition] < begin + count:
+        if count > 0 and capped[topic][partition] < begin + count:
             capped[topic][partition] += 1
             given += 1
     return capped

@@ -118,12 +118,19 @@ def _chunks(
 
 
 def _records(messages: list[Message], task: OffsetRange, position: int) -> list[Message]:
-    """The records among ``messages``: end-of-partition events dropped, errors raised."""
+    """The records among ``messages``: end-of-partition events dropped, errors raised. An
+    error about another partition is dropped too: a kept consumer may still hand over one
+    queued for the range it read before (that partition's log gone, its topic recreated)."""
     records = []
     for message in messages:
         error = message.error()
         if error is None:
             records.append(message)
+        elif message.topic() is not None and (message.topic(), message.partition()) != (
+            task.topic,
+            task.partition,
+        ):
+            continue
         elif error.code() == KafkaError._AUTO_OFFSET_RESET:
             raise RuntimeError(
                 data_loss(task.topic, task.partition, position, task.end) + f" ({error.str()})"

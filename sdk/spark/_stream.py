@@ -29,6 +29,8 @@ from sdk.spark._bounds import Partitions, at_times, gated_end, starting, wanted_
 from sdk.spark._plan import (
     OffsetRange,
     Offsets,
+    beyond_end,
+    beyond_end_error,
     cap,
     data_loss,
     not_below,
@@ -61,6 +63,7 @@ class KafkaPlanner:
         self._gate: Any = None
         self._topics: list[str] = []  # the topics planned last (subscribePattern: they change)
         self._gate_topics: list[str] = []
+        self._beyond_reported: set[tuple[str, str, int]] = set()  # warned about already
 
     # Kafka clients and the gate's threads live on the driver only: never pickled to tasks.
     def __getstate__(self) -> dict[str, Any]:
@@ -155,7 +158,12 @@ class KafkaPlanner:
         else ``startingOffsets`` (the precedence of Spark's Kafka source)."""
         settings = self.settings
         if settings.starting_timestamp is None and settings.starting_by_timestamp is None:
-            return sorted_offsets(starting(settings.starting, low, high))
+            start = starting(settings.starting, low, high)
+            for topic, partition in self._beyond_the_end(
+                "the start startingOffsets gives", start, low, high
+            ):
+                start[topic][partition] = low[topic][partition]
+            return sorted_offsets(start)
         wanted = wanted_times(
             partitions, settings.starting_timestamp, settings.starting_by_timestamp
         )
@@ -163,6 +171,34 @@ class KafkaPlanner:
             {TopicPartition(t, p): OffsetSpec.for_timestamp(ms) for (t, p), ms in wanted.items()}
         )
         return sorted_offsets(at_times(found, wanted, high, settings.timestamp_strategy))
+
+    def _beyond_the_end(
+        self, where: str, start: Offsets, low: Offsets, high: Offsets
+    ) -> set[tuple[str, str]]:
+        """The partitions whose position in ``start`` is beyond the log end: the log it was
+        taken on is gone (topic recreated, broker data lost), so the records of the new log
+        below it were never read. That is data loss, never "no new data yet": with
+        failOnDataLoss it fails naming the partition, the offset and the log end; without,
+        it warns (once per partition and offset) and the partitions returned are read again
+        from their earliest offset."""
+        found: set[tuple[str, str]] = set()
+        for topic, partitions in sorted(start.items()):
+            for partition, offset in sorted(partitions.items(), key=lambda item: int(item[0])):
+                end = high.get(topic, {}).get(partition)
+                if end is None or offset <= end:
+                    continue
+                if self.settings.fail_on_data_loss:
+                    raise RuntimeError(beyond_end_error(topic, int(partition), where, offset, end))
+                found.add((topic, partition))
+                if (topic, partition, offset) not in self._beyond_reported:
+                    self._beyond_reported.add((topic, partition, offset))
+                    log.warning(
+                        "%s; reading the partition from its earliest offset %d "
+                        "(failOnDataLoss is false)",
+                        beyond_end(topic, int(partition), where, offset, end),
+                        low[topic][partition],
+                    )
+        return found
 
     def initialOffset(self) -> Offsets:
         partitions = self._partitions()
@@ -239,9 +275,25 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
             self._listed, self._listed_at = self._partitions(), time.monotonic()
             return self._bounds(self._listed)
 
-    def _available(self, start: Offsets) -> Offsets:
-        """Per partition, how far a batch may go now: min(end, watermark)."""
+    def _available(self, start: Offsets | None) -> tuple[Offsets, set[tuple[str, str]]]:
+        """Per partition, how far a batch from ``start`` (None: from the earliest offsets) may
+        go now: min(end, watermark); and the partitions moved back to their earliest offset
+        because ``start`` is beyond their log end (failOnDataLoss=false; they end there, below
+        their start, and are read from there by the next batch)."""
         low, high = self._log_bounds()
+        if start is None:
+            start = low
+        elif any(
+            offset > high.get(topic, {}).get(partition, offset)
+            for topic, partitions in start.items()
+            for partition, offset in partitions.items()
+        ):
+            # Rare: a position beyond the log end. The partitions listed may be up to
+            # METADATA_REFRESH_SECONDS old: list them again, so that a topic deleted (and not
+            # recreated) fails saying so, and the log ends judged are those of the topic now.
+            self._listed, self._listed_at = self._partitions(), time.monotonic()
+            low, high = self._bounds(self._listed)
+        moved_back = self._beyond_the_end("the query's checkpoint", start, low, high)
         self._check_data_loss(start, low)
         snapshot = self._watermarks() if self.settings.gated else None
         self._latest = sorted_offsets(high)
@@ -255,6 +307,11 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
                     # (an empty range now, read from the next batch), so replays stay identical.
                     end.setdefault(topic, {})[partition] = low[topic][partition]
                     continue
+                if (topic, partition) in moved_back:
+                    # Never "nothing new yet": an empty batch moves the partition back to its
+                    # earliest offset (deterministic: a replay of it reads nothing either).
+                    end.setdefault(topic, {})[partition] = low[topic][partition]
+                    continue
                 limit = top
                 if self.settings.gated:
                     watermark = (
@@ -263,7 +320,7 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
                     limit = gated_end(begin, limit, watermark)
                 end.setdefault(topic, {})[partition] = max(begin, limit)
         self._released = end
-        return end
+        return end, moved_back
 
     def _check_data_loss(self, start: Offsets, low: Offsets) -> None:
         """Records between the query's position and the log start are gone from Kafka."""
@@ -281,10 +338,13 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
                     log.warning("%s; skipping them (failOnDataLoss is false)", missing)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        end = self._available(start)
+        end, moved_back = self._available(start)
         if self._target is not None:  # Trigger.AvailableNow: never beyond the target
             end = {
-                t: {p: min(o, self._target.get(t, {}).get(p, o)) for p, o in parts.items()}
+                t: {
+                    p: o if (t, p) in moved_back else min(o, self._target.get(t, {}).get(p, o))
+                    for p, o in parts.items()
+                }
                 for t, parts in end.items()
             }
         maximum = self.settings.max_per_trigger
@@ -294,7 +354,7 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
             maximum = None
         if maximum is not None:
             end = cap(start, end, maximum)
-        return sorted_offsets(not_below(start, end))
+        return sorted_offsets(not_below(start, end, moved_back))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         maximum = self.settings.max_per_trigger
@@ -302,7 +362,9 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = None
-        self._target = self._available(self.initialOffset())
+        # From the earliest offsets, not from startingOffsets: a checkpoint governs where the
+        # query is, and for a target that caps the batches' ends both give the same plan.
+        self._target, _ = self._available(None)
 
     def reportLatestOffset(self) -> Offsets | None:
         """The log ends seen when the last batch was planned: Spark shows them as the source's
