@@ -156,7 +156,7 @@ class CycleTiming:
     started_late: float
     """The cycle began this long after it was due (the event loop was busy elsewhere)."""
     poll: float
-    """Reading the cluster (the admin client's requests)."""
+    """Reading the cluster (the admin client's requests, and timestamps of old records)."""
     evaluation: float
     """Evaluating the gates from the poll."""
     rest: float

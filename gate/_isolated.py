@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient
@@ -25,7 +25,8 @@ from confluent_kafka.admin import AdminClient
 from gate._frames import read_frame, write_frame
 from gate._kafkalog import KafkaLog
 from gate._poller import OffsetPoller
-from gate._state import GateState, PollResult
+from gate._record_times import RECORD_TIMES_TIMEOUT
+from gate._state import GateState, PollResult, RecordAt
 from gate._watermark import Partition
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class IsolatedPoller:
 
     After :meth:`evaluate`, the child evaluates the gates too, and each poll leaves their
     states in :attr:`evaluated`: the process that serves HTTP then spends no time on them.
+    The child then also reads the timestamps of the records its gates want after each poll
+    (see :func:`gate._record_times.seed_record_times`); otherwise :meth:`record_times` reads them
+    there.
     """
 
     def __init__(
@@ -161,6 +165,26 @@ class IsolatedPoller:
         return dataclasses.replace(
             result, started_at=started_at, finished_at=finished_at, monotonic=started
         )
+
+    def record_times(self, records: Collection[RecordAt]) -> dict[RecordAt, float | None]:
+        """The timestamps of ``records``, read in the child (see
+        :meth:`gate._poller.RecordReader.read`); nothing while no child runs. A child that
+        ends meanwhile is replaced at the next poll."""
+        process = self._process
+        if not records or process is None:
+            return {}
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            write_frame(process.stdin, ("times", list(records)))
+            wait = RECORD_TIMES_TIMEOUT + 5.0
+            ready, _, _ = select.select([process.stdout], [], [], wait)
+            if not ready:
+                raise TimeoutError(f"no answer in {wait:.0f}s")
+            times = read_frame(process.stdout)
+        except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
+            self._crashed(time.time(), time.monotonic(), exc)
+            return {}
+        return times if isinstance(times, dict) else {}
 
     def _crashed(self, started_at: float, started: float, exc: BaseException) -> PollResult:
         process = self._process

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 _THREAD = re.compile(r"^\[thrd:[^\]]*\]: ")
 _CONNECT = re.compile(
     r"^(?P<broker>[^ /]+)(?:/[^:]*)?: Connect to \S+ failed: (?P<why>[^(]+?)\s*\(after .*$"
@@ -68,3 +70,14 @@ def readable(facility: str, message: str) -> str:
         return f"broker {connect['broker']} unreachable: {connect['why'].strip().lower()}"
     message = re.sub(r",? ?\d+ identical error\(s\) suppressed", "", message)
     return f"{message} [{facility.lower()}]" if facility else message
+
+
+def describe_kafka_error(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and exc.args:
+        error = exc.args[0]
+        text = getattr(error, "str", None)
+        if callable(text):
+            return str(text())
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__

@@ -12,8 +12,12 @@ more sparsely, so the gap around a record is at most about a tenth of its age (a
 minute old is placed within about 6 s, one an hour old within about 6 minutes). An answer is
 ``exact`` when it comes from two successive polls, or the thinned gap around the record is at
 most a fifth of its age or 2 s, whichever is more; when the record is older than the whole
-history, the answer is a lower bound. Nothing
-here performs I/O.
+history, the answer is a lower bound.
+
+A record older than the history can be placed by its own timestamp (:meth:`EndHistory.seed`,
+read from the broker by the poller): its age is then exact, and a record between two such
+points is interpolated between them (exact by the same rule, a lower bound otherwise).
+Nothing here performs I/O.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ SPREAD = 0.1
 """Thinning keeps the gap between kept samples within this fraction of their age."""
 EXACT_GAP = 2.0
 """Seconds of gap around a record that always count as exact."""
+MAX_SEEDS = 64
+"""Record timestamps kept per partition at most (the oldest records' go first)."""
 
 
 class Lag(NamedTuple):
@@ -43,15 +49,20 @@ class EndHistory:
 
     ``ends`` never decreases. Besides each new end, the history keeps the last poll that still
     saw the previous end when the end had been still for a while, so records appended after a
-    quiet spell are placed after it, not spread over it."""
+    quiet spell are placed after it, not spread over it.
 
-    __slots__ = ("_seen_at", "ends", "thinned", "times")
+    ``seed_offsets`` and ``seed_times``: records older than the history (below the first end
+    seen) and when each was appended, from their own timestamps (sorted by offset)."""
+
+    __slots__ = ("_seen_at", "ends", "seed_offsets", "seed_times", "thinned", "times")
 
     def __init__(self) -> None:
         self.times: list[float] = []
         self.ends: list[int] = []
         self.thinned: list[bool] = []  # samples were dropped just before this one
         self._seen_at = 0.0  # the last poll that saw ``ends[-1]``
+        self.seed_offsets: list[int] = []
+        self.seed_times: list[float] = []
 
     def observe(self, now: float, end: int) -> None:
         """The end offset seen by the poll started at ``now``."""
@@ -95,6 +106,30 @@ class EndHistory:
         self.ends = [self.ends[i] for i in keep]
         self.thinned = thinned
 
+    def seed(self, offset: int, at: float) -> bool:
+        """The record at ``offset`` was appended at ``at`` (its own timestamp, on the clock of
+        the polls). Taken only for a record older than the history (below the first end seen:
+        the history places the others), and only when ``at`` is not later than the first poll,
+        which saw the record already; up to ``EXACT_GAP`` later is taken as that poll's time
+        (the poll read the end a moment after it started, and clocks differ a little), later
+        than that is a clock that is off and ignored. A record seeded before keeps its time.
+        Returns whether it was taken."""
+        ends = self.ends
+        if not ends or not 0 <= offset < ends[0]:
+            return False
+        first = self.times[0]
+        if at > first + EXACT_GAP:
+            return False
+        offsets = self.seed_offsets
+        i = bisect.bisect_left(offsets, offset)
+        if i < len(offsets) and offsets[i] == offset:
+            return False
+        offsets.insert(i, offset)
+        self.seed_times.insert(i, min(at, first))
+        if len(offsets) > MAX_SEEDS:
+            del offsets[0], self.seed_times[0]
+        return True
+
     def appended_at(self, offset: int) -> tuple[float, bool] | None:
         """When the record at ``offset`` was appended: (time, whether the samples around it
         were thinned; also true when it is older than the history), or None when the end has
@@ -112,6 +147,8 @@ class EndHistory:
 
     def lag(self, committed: int, now: float) -> Lag:
         """The lag in seconds of a group that committed ``committed``."""
+        if self.ends and committed < self.ends[0]:
+            return self._before_history(committed, now)
         found = self.appended_at(committed)
         if found is None:
             return Lag(0.0, True)
@@ -122,3 +159,26 @@ class EndHistory:
         i = bisect.bisect_right(self.ends, committed)
         gap = float("inf") if i == 0 else self.times[i] - self.times[i - 1]
         return Lag(seconds, gap <= max(EXACT_GAP, 0.2 * seconds))
+
+    def _before_history(self, offset: int, now: float) -> Lag:
+        """The lag at an offset below the first end seen: exact at a seeded record; between
+        two seeded records, interpolated (exact when they are close for its age, as between
+        two polls); otherwise the age of the next record placed above it (a seeded one, or
+        the first poll): a lower bound, as the record was appended before that one."""
+        offsets, times = self.seed_offsets, self.seed_times
+        i = bisect.bisect_left(offsets, offset)
+        if i < len(offsets) and offsets[i] == offset:
+            return Lag(max(0.0, now - times[i]), True)
+        if i < len(offsets):
+            high, high_at = offsets[i], times[i]
+        else:
+            high, high_at = self.ends[0] - 1, self.times[0]  # the first poll saw it appended
+        at_least = Lag(max(0.0, now - high_at), False)
+        if i == 0 or times[i - 1] > high_at:
+            return at_least  # nothing placed below it, or timestamps out of order
+        low, low_at = offsets[i - 1], times[i - 1]
+        at = low_at + (offset - low) / (high - low) * (high_at - low_at)
+        seconds = max(0.0, now - at)
+        if high_at - low_at <= max(EXACT_GAP, 0.2 * seconds):
+            return Lag(seconds, True)
+        return at_least

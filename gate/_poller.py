@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, NamedTuple
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from gate._kafkalog import KafkaLog
-from gate._state import PollResult
+from gate._kafkalog import KafkaLog, describe_kafka_error
+from gate._record_times import RecordReader
+from gate._state import PollResult, RecordAt
 from gate._watermark import Partition
 
 log = logging.getLogger("gate.poller")
@@ -66,6 +67,7 @@ class OffsetPoller:
         self._asked: dict[str, list[TopicPartition]] = {}  # the same, as asked
         self._groups_listed_at = float("-inf")  # when the cluster's groups were last listed
         self._groups_listing: Future[Any] | None = None  # that listing, until it answers
+        self._records = RecordReader(self._properties)
 
     def _new_admin(self) -> AdminClient:
         return AdminClient(dict(self._properties), logger=KafkaLog("gate.kafka"))
@@ -92,6 +94,14 @@ class OffsetPoller:
     @property
     def topics(self) -> list[str]:
         return list(self._topics)
+
+    def record_times(self, records: Collection[RecordAt]) -> dict[RecordAt, float | None]:
+        """The timestamps of ``records`` (see :meth:`RecordReader.read`)."""
+        return self._records.read(records)
+
+    def close(self) -> None:
+        """Close the consumer reading record timestamps, if one was created."""
+        self._records.close()
 
     def refresh_metadata(self) -> list[str]:
         """Re-read partition counts; returns errors (empty on success)."""
@@ -368,14 +378,3 @@ class _Read(NamedTuple):
     """When that poll started (wall clock)."""
     ends: Mapping[Partition, int] | None
     """End offsets it is known to be at the end of (None: not known yet)."""
-
-
-def describe_kafka_error(exc: BaseException) -> str:
-    if isinstance(exc, KafkaException) and exc.args:
-        error = exc.args[0]
-        text = getattr(error, "str", None)
-        if callable(text):
-            return str(text())
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return str(exc) or type(exc).__name__

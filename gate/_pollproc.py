@@ -18,8 +18,12 @@ answered with a tuple of:
 
 or with the exception a poll raised, until ``"stop"`` or the end of the input. The evaluation
 runs here, not in the process that serves HTTP: at 1,000 groups a poll where records arrived
-everywhere takes a quarter of a second of an interpreter. Standard output carries nothing
-else: anything printed goes to standard error.
+everywhere takes a quarter of a second of an interpreter. After answering a poll, this process
+reads the timestamps of the records its gates want (see
+:func:`gate._record_times.seed_record_times`): nothing when they want none. ``("times", records)``
+is answered with the timestamps of those records (see
+:meth:`gate._poller.RecordReader.read`). Standard output carries nothing else: anything
+printed goes to standard error.
 """
 
 from __future__ import annotations
@@ -31,20 +35,21 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from gate._frames import read_frame, write_frame
 from gate._watermark import Partition
 
 if TYPE_CHECKING:
     from gate._group import StatusPolicy
+    from gate._poller import OffsetPoller
     from gate._state import GateState, PollResult
     from gate._status import GateEvaluator
 
 log = logging.getLogger("gate")
 
 COLLECT_EVERY = 100
-"""Polls between two full collections over everything this process keeps (see :func:`main`)."""
+"""Polls between two full collections over everything this process keeps (see :func:`serve`)."""
 
 
 def main() -> None:
@@ -63,7 +68,23 @@ def main() -> None:
         gate: GateEvaluator(gate, topics, groups, dependent=dependent, incremental=incremental)
         for gate, topics, groups, dependent, incremental in gates
     }
+    try:
+        serve(requests, answers, poller, evaluators)
+    finally:
+        poller.close()
+
+
+def serve(
+    requests: IO[bytes],
+    answers: IO[bytes],
+    poller: OffsetPoller,
+    evaluators: Mapping[str, GateEvaluator],
+) -> None:
+    """Answer the parent's commands until ``"stop"`` or the end of the input."""
+    from gate._record_times import seed_record_times
+
     failures: dict[str, str] = {}
+    seeding_failed: str | None = None
     sent: dict[str, dict[Partition, int]] = {}  # each group's offsets as last sent
     answered = 0
     while True:
@@ -71,6 +92,9 @@ def main() -> None:
             command = read_frame(requests)
         except EOFError:
             return
+        if isinstance(command, tuple) and command[0] == "times":
+            write_frame(answers, poller.record_times(command[1]))
+            continue
         if not isinstance(command, tuple) or command[0] != "poll":
             return
         try:
@@ -87,6 +111,14 @@ def main() -> None:
         write_frame(
             answers, (dataclasses.replace(poll, committed=changed), same, states, evaluation)
         )
+        try:
+            seed_record_times(evaluators.values(), poller.record_times)
+        except Exception as exc:  # ages stay as they are: no reason to stop answering polls
+            if not seeding_failed:
+                log.exception("unexpected error while reading record timestamps")
+            seeding_failed = str(exc) or type(exc).__name__
+        else:
+            seeding_failed = None
         # What the poller and the evaluators keep from poll to poll (about 230,000 objects
         # the collector tracks at 1,000 groups on 64 partitions) is left out of its
         # collections: they found no garbage there, and ran over all of it at most polls

@@ -18,6 +18,7 @@ from gate._isolated import IsolatedPoller, make_poller
 from gate._metrics import GateMetrics
 from gate._poller import OffsetPoller, describe_kafka_error
 from gate._publish import RedisPublisher, SnapshotStore
+from gate._record_times import seed_record_times
 from gate._state import GateState, PollResult
 from gate._status import GateEvaluator
 
@@ -73,6 +74,9 @@ class GateService:
         self.last_poll: PollResult | None = None
         self.last_evaluation: float = 0.0
         """Seconds the last poll cycle spent evaluating the gates."""
+        self.last_record_read: float = 0.0
+        """Seconds the last poll cycle spent reading the timestamps of records older than
+        the gate (none once they are read)."""
         self.schedule = Overruns(self.metrics)
         """How poll cycles fit the poll interval."""
         self.events = GateEvents(self.metrics, config.status.rewind_policy)
@@ -187,7 +191,7 @@ class GateService:
         self._tasks.clear()
         if self.redis is not None:
             await self.redis.close()
-        if isinstance(self.poller, IsolatedPoller):
+        if self.poller is not None:
             self.poller.close()
 
     async def poll_once(self) -> list[GateState]:
@@ -233,6 +237,14 @@ class GateService:
         if isinstance(poller, IsolatedPoller):
             self.last_evaluation += poller.evaluation
         self.metrics.evaluation_duration.observe(self.last_evaluation)
+        self.last_record_read = 0.0
+        if child is None and not self._stopping:  # (else the admin client's process reads them)
+            reading = time.perf_counter()
+            try:
+                seed_record_times(self.evaluators.values(), poller.record_times)
+            except Exception:  # the ages stay lower bounds: no reason to lose this poll
+                log.exception("unexpected error while reading record timestamps")
+            self.last_record_read = time.perf_counter() - reading
         self.failing = failing
         self._report_errors(poll, list(failing))
         if poll.answered:
@@ -295,7 +307,7 @@ class GateService:
                 next_at,
                 started,
                 ended,
-                0.0 if poll is None else poll.duration,
+                self.last_record_read + (0.0 if poll is None else poll.duration),
                 self.last_evaluation,
             )
             self.schedule.note(timing)

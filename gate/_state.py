@@ -87,6 +87,10 @@ class PollResult:
         return self.failed_topics.isdisjoint(topics) and self.failed_groups.isdisjoint(groups)
 
 
+RecordAt = tuple[str, int, int]
+"""A record: ``(topic, partition, offset)``."""
+
+
 class GroupPosition(NamedTuple):
     """One dependency group on one partition (a tuple: built for every pair on every poll)."""
 

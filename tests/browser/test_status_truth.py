@@ -5,6 +5,7 @@ screenshots go to tests/artifacts/."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -176,11 +177,20 @@ def test_a_dependency_that_never_committed_is_a_red_alarm_at_once(browser, kafka
         screenshot(page, "status-page-never-committed.png")
 
 
+def stamped(kafka: Kafka, topic: str, count: int, at_ms: int) -> None:
+    """``count`` records on partition 0, each with the CreateTime ``at_ms``."""
+    producer = kafka.producer()
+    for i in range(count):
+        producer.produce(topic, value=str(i).encode(), partition=0, timestamp=at_ms)
+    producer.flush(30)
+
+
 def test_ages_older_than_the_gate_are_lower_bounds(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
-    """Records produced before the gate started: how long they wait is shown as at least
-    (≥) in the verdict, the card and the partitions."""
+    """Records produced before the gate started whose timestamps cannot place them (a
+    producer's clock an hour ahead): how long they wait is shown as at least (≥) in the
+    verdict, the card and the partitions, poll after poll."""
     topic = kafka.create_topic(1)
-    kafka.produce(topic, {0: 30})
+    stamped(kafka, topic, 30, int((time.time() + 3600) * 1000))
     b = unique("service-b")
     kafka.commit(b, topic, {0: 12})
     time.sleep(2.0)
@@ -196,12 +206,48 @@ def test_ages_older_than_the_gate_are_lower_bounds(browser, kafka: Kafka) -> Non
         page.wait_for_function(
             "document.getElementById('verdict').dataset.state === 'flowing'", timeout=15_000
         )
+        time.sleep(1.0)  # ten polls: their timestamps were read, and not taken
+        page.reload()
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'flowing'", timeout=15_000
+        )
         text = page.locator("#verdict").inner_text()
         assert "released within ≥ " in text, text
         assert page.locator("#card-wait").inner_text().startswith("≥ ")
         oldest = page.locator('#partitions [data-field="oldest"]').first.inner_text()
         assert oldest.startswith("≥ "), oldest
         screenshot(page, "status-page-lower-bounds.png")
+
+
+def test_ages_older_than_the_gate_are_exact_from_the_records_timestamps(
+    browser, kafka: Kafka
+) -> None:  # type: ignore[no-untyped-def]
+    """Records produced ten minutes before the gate started: their own timestamps give
+    their age, shown exactly (no ≥), not as the time since the gate started."""
+    topic = kafka.create_topic(1)
+    stamped(kafka, topic, 30, int((time.time() - 600) * 1000))
+    b = unique("service-b")
+    kafka.commit(b, topic, {0: 12})
+    config = gate_config(
+        kafka.bootstrap,
+        {"service-a": {"topics": [topic], "depends_on": [b]}},
+        poll_interval_ms=100,
+        status={"stall_after_ms": 3_600_000},
+    )
+    with serve_gate(config) as gate:
+        page = browser.new_page()
+        page.goto(gate.url + "/")
+        page.wait_for_function(
+            "document.getElementById('verdict').dataset.state === 'flowing' && "
+            "!document.getElementById('verdict').innerText.includes('≥')",
+            timeout=15_000,
+        )
+        text = page.locator("#verdict").inner_text()
+        assert re.search(r"released within (9|10) min", text), text
+        assert not page.locator("#card-wait").inner_text().startswith("≥ ")
+        oldest = page.locator('#partitions [data-field="oldest"]').first.inner_text()
+        assert not oldest.startswith("≥ "), oldest
+        screenshot(page, "status-page-exact-ages.png")
 
 
 def test_a_stalled_holder_is_an_alarm_at_once(browser, kafka: Kafka) -> None:  # type: ignore[no-untyped-def]
