@@ -14,16 +14,25 @@ import platform
 import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gate._config import GateConfig
+from gate._publish import RedisPublisher, SnapshotStore
 from gate._state import SEVERITY, DependencyStatus, position_tuples
 
-if TYPE_CHECKING:
-    from gate._service import GateService
+
+class Watched(Protocol):
+    """What the metrics read of the service (its state, not how it polls)."""
+
+    config: GateConfig
+    store: SnapshotStore
+    failing: dict[str, tuple[str, ...]]
+    answered_at: float | None
+    redis: RedisPublisher | None
 
 log = logging.getLogger("gate.metrics")
 
@@ -112,12 +121,12 @@ class GateMetrics:
         )
         self.build_info.labels(build_version(), platform.python_version()).set(1)
 
-    def watch(self, service: GateService) -> None:
+    def watch(self, service: Watched) -> None:
         self.registry.register(_StateCollector(service))
 
 
 class _StateCollector(Collector):
-    def __init__(self, service: GateService) -> None:
+    def __init__(self, service: Watched) -> None:
         self._service = service
         self._limited: set[str] = set()
         """Gates whose series per group and partition are left out (logged once each time)."""
