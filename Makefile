@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench soak clean
+.PHONY: demo test check lint bench soak clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -47,6 +47,24 @@ test: lint
 	if [ $$status -ne 0 ]; then exit $$status; fi; \
 	KAFKA_GATE_PURE_CORE=1 $(BIN)/python -m pytest $(CORE_TESTS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no core tests: failing" >&2; exit 1; fi; \
+	exit $$status
+
+# The fast tier for every edit: lint, then the unit and property tests of the pure cores (the
+# watermark, statuses and verdicts, the engine's scheduling and commit rules, offset maps, the
+# shell's state machine over a simulated consumer), the configuration fuzzing and the layout
+# test; nothing that starts a broker, Redis, Spark or a browser. `make test` runs all of them
+# too.
+CHECK_TESTS := tests/gate/test_config.py tests/gate/test_cycles.py \
+	tests/gate/test_incremental.py tests/gate/test_lag.py tests/gate/test_operator_log.py \
+	tests/gate/test_redis_layout.py tests/gate/test_report.py tests/gate/test_service.py \
+	tests/gate/test_status.py tests/gate/test_true_from_the_start.py \
+	tests/gate/test_verdict_truth.py tests/gate/test_watermark.py \
+	tests/sdk/test_core_properties.py tests/sdk/test_offsets.py tests/sdk/test_record.py \
+	tests/sdk/test_shell_machine.py tests/sdk/test_shell_regressions.py \
+	tests/sdk/test_sizing.py tests/fuzz/test_config_fuzz.py tests/test_layout.py
+check: lint
+	@$(BIN)/python -m pytest -q $(CHECK_TESTS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$status
 
 bench: $(VENV)/.installed-dev

@@ -15,9 +15,15 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from gate._local import BROKERS, LocalBroker, LocalRedis, LocalServiceError
 from tests.support import Broker, Kafka
+
+# No time limit per example: a loaded machine (CI's two cores running brokers and Spark
+# beside the tests) must not fail a property for its speed. Properties assert outcomes only.
+settings.register_profile("outcomes", deadline=None)
+settings.load_profile("outcomes")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
