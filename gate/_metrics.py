@@ -34,6 +34,7 @@ class Watched(Protocol):
     answered_at: float | None
     redis: RedisPublisher | None
 
+
 log = logging.getLogger("gate.metrics")
 
 # Counters are exposed without their ``_created`` series: they double the series count and
