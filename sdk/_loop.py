@@ -326,25 +326,30 @@ class ConsumerLoop:
         _, item_id, results, seconds, count = message
         self._sizer.observe(seconds, count)
         if type(results) is Awaiting:
-            if not results.deliveries.settled:
+            deliveries = results.deliveries
+            if not deliveries.settled:
                 self._acknowledging[item_id] = results  # its outputs are on their way
-                return
+                deliveries.item = item_id  # the report that completes it settles it
+                if not deliveries.settled or self._acknowledging.pop(item_id, None) is None:
+                    return  # (its last report may have been served meanwhile, elsewhere)
             results = results.settle()
         self._apply(item_id, results, now)
 
     def _serve_outputs(self, now: float) -> None:
-        """Serve the producer's delivery reports; items whose outputs are all acknowledged
-        (or failed) are done (their failures applied)."""
+        """Serve the producer's delivery reports (when due); items whose outputs are all
+        acknowledged (or failed) are done (their failures applied)."""
         try:
-            self._outputs.poll()
+            settled = self._outputs.poll(bool(self.core.outstanding))
         except KafkaException as exc:  # a fatal error of the producer, raised by its poll
             self._output_producer_failed(exc)
-        acknowledging = self._acknowledging
-        if not acknowledging:
             return
-        settled = [i for i, results in acknowledging.items() if results.deliveries.settled]
-        for item_id in settled:
-            self._apply(item_id, acknowledging.pop(item_id).settle(), now)
+        if settled:
+            acknowledging = self._acknowledging
+            for deliveries in settled:
+                item_id = deliveries.item
+                results = acknowledging.pop(item_id, None)  # type: ignore[arg-type]
+                if results is not None:  # (else applied already)
+                    self._apply(item_id, results.settle(), now)  # type: ignore[arg-type]
 
     def _output_producer_failed(self, exc: KafkaException) -> None:
         """The producer of outputs failed for good. Transactional: the committer decides

@@ -6,14 +6,15 @@ key or per partition), and for a batch handler in its order.
 
 Two commit modes decide when an input with outputs counts as done:
 
-- ``CONSUMER`` (at least once): when the broker acknowledged every one of its outputs. The
-  worker waits for the acknowledgements at the end of its item; a delivery failure fails the
-  input (and holds back the rest of its shard in the item), exactly like a handler failure.
+- ``CONSUMER`` (at least once): when the broker acknowledged every one of its outputs. A
+  worker does not wait for them: the consumer's thread keeps the item's results aside until
+  every report is in (:mod:`sdk._deliveries`); a delivery failure fails the input (and holds
+  back the rest of its shard in the item), exactly like a handler failure.
 - ``TRANSACTIONAL`` (exactly once): at once, because its outputs are in the open transaction,
   which commits together with the inputs' offsets (:mod:`sdk._transactions`). A worker holds
-  the :class:`TransactionLock` from the start of its item until its results are in the
-  consumer's inbox, so a transaction is closed only between items: every output in it
-  belongs to an input whose offset goes into the same transaction.
+  the :class:`~sdk._deliveries.TransactionLock` from the start of its item until its results
+  are in the consumer's inbox, so a transaction is closed only between items: every output in
+  it belongs to an input whose offset goes into the same transaction.
 """
 
 from __future__ import annotations
@@ -21,20 +22,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from sdk._deliveries import Awaiting, Deliveries, Source, TransactionLock, sources_of
+
+__all__ = [
+    "Awaiting",
+    "Deliveries",
+    "Output",
+    "Outputs",
+    "ProduceError",
+    "TransactionLock",
+    "outputs_of",
+]
+
 log = logging.getLogger("sdk")
 
 Headers = Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]]
 
-Source = tuple[str, int, int]
-"""An input: topic, partition, offset."""
-
 _QUEUE_FULL_WAIT = 30.0
 """Seconds a worker waits for room in the producer's queue before the input fails."""
+_SERVE_TRANSACTION_AT = 10_000
+"""Exactly once: outputs produced since the reports were last served before the consumer's
+thread serves them between two closes of the transaction (librdkafka's queue holds 100,000
+by default; a worker that finds it full serves them too)."""
 
 
 class ProduceError(Exception):
@@ -50,7 +65,7 @@ class _Fields(NamedTuple):
     partition: int | None
 
 
-_PLAIN = (bytes, str, type(None))
+_PLAIN = frozenset({bytes, str, type(None)})
 
 
 class Output(_Fields):
@@ -70,6 +85,15 @@ class Output(_Fields):
         headers: Headers | None = None,
         partition: int | None = None,
     ) -> Output:
+        if (
+            type(topic) is str
+            and topic
+            and type(value) in _PLAIN
+            and type(key) in _PLAIN
+            and headers is None
+            and partition is None
+        ):  # (the common case, checked by exact types at once)
+            return _new_tuple(cls, (topic, value, key, None, None))
         if (type(topic) is not str and not isinstance(topic, str)) or not topic:
             raise TypeError(f"Output.topic must be a non-empty str (got {topic!r})")
         if type(value) not in _PLAIN and not isinstance(value, bytes | str):
@@ -82,7 +106,10 @@ class Output(_Fields):
             raise TypeError(f"Output.partition must be None or an int >= 0 ({partition!r})")
         if headers is not None:
             _check_headers(headers)
-        return tuple.__new__(cls, (topic, value, key, headers, partition))
+        return _new_tuple(cls, (topic, value, key, headers, partition))
+
+
+_new_tuple = tuple.__new__
 
 
 def _not_serialised(name: str, value: object) -> str:
@@ -168,126 +195,6 @@ def _holds_outputs(value: Any) -> bool:
     return False
 
 
-class Deliveries:
-    """The acknowledgements of one item's outputs, by the index of the record (or batch
-    call) they belong to. The consumer's thread serves delivery reports (``Outputs.poll``);
-    each is appended to a list."""
-
-    __slots__ = ("_calls", "_expected", "_reports")
-
-    def __init__(self) -> None:
-        self._calls = 0
-        self._expected = 0  # outputs produced (the worker's count)
-        self._reports: list[tuple[int, str] | None] = []
-
-    def new_call(self) -> int:
-        """A fresh index for one batch handler call's outputs (counted apart from records)."""
-        self._calls -= 1
-        return self._calls
-
-    def callback(self, index: int) -> Callable[[KafkaError | None, Any], None]:
-        """The delivery callback of the outputs of the record (or call) at ``index``."""
-        reports = self._reports
-
-        def delivered(error: KafkaError | None, _: Any) -> None:
-            reports.append(None if error is None else (index, error.str()))
-
-        return delivered
-
-    def produced(self) -> None:
-        self._expected += 1
-
-    @property
-    def settled(self) -> bool:
-        return len(self._reports) >= self._expected
-
-    def errors(self) -> dict[int, str]:
-        """The failed deliveries, by record index (once :attr:`settled`)."""
-        errors: dict[int, str] = {}
-        for report in self._reports:
-            if report is not None:
-                errors.setdefault(*report)
-        return errors
-
-
-class Awaiting(list[Any]):
-    """An item's results whose records with outputs count as done only once their outputs
-    are acknowledged: the consumer's thread keeps them aside until :attr:`deliveries` are
-    settled, then :meth:`settle` applies the failures (serving delivery reports is its job:
-    no worker waits for them)."""
-
-    def __init__(
-        self,
-        results: list[Any],
-        deliveries: Deliveries,
-        settle: Callable[[list[Any], dict[int, str]], None],
-    ) -> None:
-        super().__init__(results)
-        self.deliveries = deliveries
-        self._settle = settle
-
-    def settle(self) -> list[Any]:
-        results = list(self)
-        self._settle(results, self.deliveries.errors())
-        return results
-
-
-class TransactionLock:
-    """Workers hold it (shared) while an item runs; the consumer's thread closes a
-    transaction only when no worker holds it. Once a close is requested, workers wait before
-    starting an item (so a close waits at most for the items already running)."""
-
-    def __init__(self) -> None:
-        self._condition = threading.Condition()
-        self._holders = 0
-        self._closing = False
-
-    def enter(self) -> None:
-        with self._condition:
-            while self._closing:
-                self._condition.wait()
-            self._holders += 1
-
-    def try_enter(self) -> bool:
-        with self._condition:
-            if self._closing:
-                return False
-            self._holders += 1
-            return True
-
-    def leave(self) -> None:
-        with self._condition:
-            self._holders -= 1
-            if self._holders == 0:
-                self._condition.notify_all()
-
-    def close(self) -> bool:
-        """Ask workers to wait; True when none holds it (the transaction may close now)."""
-        with self._condition:
-            self._closing = True
-            return self._holders == 0
-
-    def wait_closed(self, timeout: float) -> bool:
-        with self._condition:
-            self._closing = True
-            return self._condition.wait_for(lambda: self._holders == 0, timeout)
-
-    def reopen(self) -> None:
-        with self._condition:
-            self._closing = False
-            self._condition.notify_all()
-
-    @property
-    def holders(self) -> int:
-        return self._holders
-
-    @property
-    def closing(self) -> bool:
-        """A close waits: a running item starts no further record (they go back unstarted,
-        in order), so the close waits for at most one record per worker."""
-        return self._closing
-
-
 class Outputs:
     """The producer of handler outputs (and, in transactional mode, of dead-letter copies),
     shared by the workers; the consumer's thread serves its delivery reports."""
@@ -307,6 +214,18 @@ class Outputs:
         # partitions were rewound and their attempts forgotten), with how often and why.
         self.breakers: dict[Source, tuple[int, str]] = {}
         self.broken: str | None = None  # why the open transaction must be aborted
+        # Transactional: whether workers note which input each output came from. Not while
+        # transactions commit (a transaction's worth of notes would cost the garbage
+        # collector dearly), but from a failed delivery that could not be traced back to its
+        # input until a transaction commits again.
+        self.tracing = False
+        # At least once: the items whose outputs all have their delivery reports, for the
+        # consumer's thread to take (whichever thread served the reports).
+        self.settled: deque[Deliveries] = deque()
+        self._serving = threading.Lock()  # one thread serves delivery reports at a time
+        self._served_elsewhere = False  # a worker served them since the consumer's last turn
+        self.unserved = 0  # transactional: outputs produced since reports were last served
+        self.failure: KafkaException | None = None  # raised by a poll off the consumer's thread
 
     @property
     def producer(self) -> Producer:
@@ -331,29 +250,97 @@ class Outputs:
         with self._opening:
             self._producer = None
 
-    def poll(self) -> None:
-        """Serve delivery reports (on the consumer's thread, every turn of its loop)."""
+    def poll(self, running: bool) -> list[Deliveries]:
+        """On the consumer's thread, every turn of its loop: serve delivery reports when they
+        are due (see :meth:`serve`), and return the items whose outputs all have their reports
+        now (at least once). ``running``: whether items are in flight. A fatal error of the
+        producer is raised here, wherever the poll that met it ran."""
+        failure = self.failure
+        if failure is not None:
+            self.failure = None
+            raise failure
         producer = self._producer
         if producer is not None:
+            if not running:
+                self._serve(producer)  # (nothing competes for the interpreter now)
+            elif self.transactional:
+                if self.unserved >= _SERVE_TRANSACTION_AT:
+                    self._serve(producer)
+            elif self._served_elsewhere:
+                self._served_elsewhere = False
+            else:
+                self._serve(producer)
+        settled = self.settled
+        found = []
+        while settled:
+            found.append(settled.popleft())
+        return found
+
+    def serve(self) -> None:
+        """Serve the producer's delivery reports from a worker's thread, unless another
+        thread is at it (a fatal error is kept for the consumer's thread).
+
+        confluent-kafka takes the interpreter's lock back for each report it serves (a
+        callback or not), so serving them costs most where threads compete for that lock:
+        at least once, workers serve them after each item (they have work queued meanwhile)
+        and the consumer's thread only on the turns after which none did; exactly once,
+        where only failed deliveries call back, the close of each transaction serves them
+        (it flushes the producer while workers wait), and the consumer's thread in between
+        only when 10,000 outputs wait for theirs or nothing runs."""
+        producer = self._producer
+        if producer is None:
+            return
+        try:
+            if self._serve(producer):
+                self._served_elsewhere = True
+        except KafkaException as exc:
+            if self.failure is None:
+                self.failure = exc
+
+    def _serve(self, producer: Producer) -> bool:
+        """Serve the reports unless another thread is at it (whether this one did)."""
+        if not self._serving.acquire(blocking=False):
+            return False
+        try:
+            self.unserved = 0
             producer.poll(0)
+        finally:
+            self._serving.release()
+        return True
 
     def send(
         self,
-        outputs: list[Output],
-        deliveries: Deliveries | None,
+        outputs: Sequence[Output],
+        deliveries: Deliveries,
+        callback: Callable[[KafkaError | None, Any], None],
         index: int,
-        sources: list[Source] = (),  # type: ignore[assignment]
+        given: Any,
     ) -> str | None:
-        """Produce one input's outputs; returns why it failed (the input fails), or None. In
-        transactional mode (``deliveries`` None) only failed deliveries are reported: one
-        breaks the transaction (it is aborted, its inputs processed again), and so does a
-        failure after some of the input's outputs went into it. The inputs (``sources``)
-        that broke transactions are remembered across the aborts (:meth:`broke`)."""
-        try:
-            produce = self.producer.produce
-        except KafkaException as exc:
-            return f"the producer could not be created: {_text(exc)} (check producer_config)"
-        callback = deliveries.callback(index) if deliveries is not None else self._breaks(sources)
+        """Produce the outputs of one record (or batch handler call) at ``index`` of its item,
+        ``given`` the record (or the batch's records); ``callback`` is the item's
+        ``deliveries.delivered``. Returns why it failed (the input fails), or None.
+
+        In transactional mode only failed deliveries are reported: one breaks the transaction
+        (it is aborted, its inputs processed again), and so does a failure after some of the
+        input's outputs went into it. The inputs that broke transactions are remembered
+        across the aborts (:meth:`broke`)."""
+        producer = self._producer
+        if producer is None:
+            try:
+                producer = self.producer
+            except KafkaException as exc:
+                return f"the producer could not be created: {_text(exc)} (check producer_config)"
+        produce = producer.produce
+        # (Noted before a report can come back; see Deliveries.sent.)
+        if not self.transactional:
+            deliveries.sent.append((index, given, outputs))
+        elif self.tracing:
+            if len(outputs) == 1:
+                output = outputs[0]
+                kept: Sequence[Any] = ((output[0], output[2], output[1]),)
+            else:
+                kept = tuple([(output[0], output[2], output[1]) for output in outputs])
+            deliveries.sent.append((index, sources_of(given), kept))
         sent = 0
         for topic, value, key, headers, partition in outputs:
             try:
@@ -364,16 +351,16 @@ class Outputs:
             except BufferError:
                 problem = self._when_room(produce, topic, value, key, headers, partition, callback)
                 if problem is not None:
-                    return self._failed(problem, sent, deliveries, sources)
+                    return self._failed(problem, sent, deliveries, given)
             except (KafkaException, TypeError, ValueError) as exc:
                 problem = f"producing to {topic}: {_text(exc)}"
-                return self._failed(problem, sent, deliveries, sources)
-            if deliveries is not None:
-                deliveries.produced()
+                return self._failed(problem, sent, deliveries, given)
             sent += 1
+        deliveries.expected += sent
         self.produced += sent  # (a statistic: an increment lost to a race is harmless)
-        if deliveries is None:
+        if self.transactional:
             self.in_transaction += sent
+            self.unserved += sent  # (a threshold: an increment lost to a race is harmless)
         return None
 
     @staticmethod
@@ -405,10 +392,11 @@ class Outputs:
         partition: int | None,
         callback: Callable[..., None] | None,
     ) -> str | None:
-        """The producer's queue is full: wait for room (the polling thread frees it as
+        """The producer's queue is full: wait for room (serving delivery reports frees it as
         acknowledgements come) for up to 30 s."""
         deadline = time.monotonic() + _QUEUE_FULL_WAIT
         while time.monotonic() < deadline and not self._closed:
+            self.serve()
             time.sleep(0.005)
             try:
                 self._produce(produce, topic, value, key, headers, partition, callback)
@@ -419,25 +407,15 @@ class Outputs:
                 return f"producing to {topic}: {_text(exc)}"
         return f"the producer's queue stayed full producing to {topic}"
 
-    def _failed(
-        self, problem: str, sent: int, deliveries: Deliveries | None, sources: list[Source]
-    ) -> str:
+    def _failed(self, problem: str, sent: int, deliveries: Deliveries, given: Any) -> str:
+        deliveries.expected += sent  # (their reports come all the same)
         with self._counting:
             self.failures += 1
-        if deliveries is None and sent:
+        if self.transactional and sent:
+            self.in_transaction += sent
             self.broken = f"an input's outputs went into it in part: {problem}"
-            self._blame(sources, problem)
+            self._blame(sources_of(given), problem)
         return problem
-
-    def _breaks(self, sources: list[Source]) -> Callable[[KafkaError | None, Any], None]:
-        """Transactional: the delivery callback of an input's outputs (the producer reports
-        failed deliveries only)."""
-
-        def delivered(error: KafkaError | None, _: Any) -> None:
-            if error is not None:
-                self.break_transaction(sources, f"an output's delivery failed: {error.str()}")
-
-        return delivered
 
     def break_transaction(self, sources: list[Source], why: str) -> None:
         """Something written into the open transaction for ``sources`` failed: the

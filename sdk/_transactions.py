@@ -25,10 +25,12 @@ The producer's life cycle (:attr:`TransactionalCommitter.state`)::
 
 - **open**: workers run items and produce into the transaction; **closing**: a close was
   asked for and waits for the items holding the lock (they start no further record).
-- **committing**: ``send_offsets_to_transaction`` and ``commit_transaction``. An abortable
-  error, a retriable one or a timeout leaves the outcome of the commit unknown: the producer
-  is never asked to ``begin_transaction`` again (librdkafka has no defence yet against a
-  delayed ``EndTxn`` applying to a later transaction). A new producer takes its place.
+- **committing**: the producer's queue flushed (every output's delivery reported: a failed
+  one aborts the transaction instead), then ``send_offsets_to_transaction`` and
+  ``commit_transaction``. An abortable error, a retriable one or a timeout leaves the
+  outcome of the commit unknown: the producer is never asked to ``begin_transaction`` again
+  (librdkafka has no defence yet against a delayed ``EndTxn`` applying to a later
+  transaction). A new producer takes its place.
 - **between**: no transaction is open; the next one begins as soon as no item holds the lock
   (an abort while items ran: what they produce fails, since no transaction is open).
 - **renewing**: a new producer must finish ``init_transactions``, which fences the old one
@@ -322,11 +324,16 @@ class TransactionalCommitter(Committer):
         started = self.monotonic()
         self.state = "committing"
         try:
-            if offsets:
-                producer.send_offsets_to_transaction(
-                    offsets, consumer.consumer_group_metadata(), TIMEOUT
-                )
-            producer.commit_transaction(TIMEOUT)
+            # Every output's delivery reported first, while the workers wait (the reports are
+            # served here, where nothing competes for the interpreter): a failed delivery
+            # aborts the transaction before its offsets are sent.
+            producer.flush(TIMEOUT)
+            if self.outputs.broken is None:
+                if offsets:
+                    producer.send_offsets_to_transaction(
+                        offsets, consumer.consumer_group_metadata(), TIMEOUT
+                    )
+                producer.commit_transaction(TIMEOUT)
         except KafkaException as exc:
             if kind_of(exc) == "fenced":
                 self._dies(exc)
@@ -336,6 +343,9 @@ class TransactionalCommitter(Committer):
             # transaction before the committed offsets are read again.
             self._abort_by_renewal(consumer, f"the commit failed: {_text(exc)}")
             return True
+        if self.outputs.broken is not None:
+            self.abort(consumer, self.outputs.broken)
+            return True
         seconds = self.monotonic() - started
         self.committed += 1
         self.seconds += seconds
@@ -344,6 +354,7 @@ class TransactionalCommitter(Committer):
         self.outputs_committed += produced
         core.commits_sent(commits)
         maps.store(commits)
+        self.outputs.tracing = False  # (no delivery failed in it)
         self.state = "between"
         self._advance(consumer, TIMEOUT)
         self._acknowledged(offsets)

@@ -185,6 +185,29 @@ class Written:
     txn: int | None = None  # the transaction it was written in (None: outside any)
 
 
+class Delivered:
+    """What a delivery report hands its callback: the record written, as confluent-kafka's
+    ``Message`` tells it."""
+
+    def __init__(self, written: Written) -> None:
+        self.written = written
+
+    def topic(self) -> str:
+        return self.written.topic
+
+    def partition(self) -> int:
+        return self.written.partition
+
+    def key(self) -> bytes | None:
+        return self.written.key
+
+    def value(self) -> bytes | None:
+        return self.written.value
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return list(self.written.headers)
+
+
 class Transactions:
     """The broker's side of what producers write: the transaction coordinator (an epoch per
     ``transactional.id``, and its open transaction) and the records a ``read_committed``
@@ -612,14 +635,15 @@ class SimOutputProducer:
     ) -> None:
         if ok and not self.fenced and self.fatal is None:
             self.transactions.write(written)
-            delivered(None, written)
+            delivered(None, Delivered(written))
             return
         if self.fenced and error is None:
             self.knows_fenced = True
             error = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
         if written.txn is not None and written.txn == self.txn:
             self.failed_deliveries += 1
-        delivered(error or KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out"), written)
+        error = error or KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out")
+        delivered(error, Delivered(written))
 
     def poll(self, timeout: float = 0) -> int:
         return 0  # (reports are served as the test delivers them)
@@ -770,9 +794,13 @@ class SimWorker:
         self.stopped: set[object] = set()
         self.failed = False
         self.deliveries = work.deliveries()
-        self.awaiting: dict[int, Any] = {}
         self.ended = False  # it reached the end of its item (it may wait for reports)
         self.batch: tuple[list[Record], list[int]] | None = None
+
+    @property
+    def awaited(self) -> bool:
+        """At least once: records of the item have outputs waiting for delivery reports."""
+        return self.deliveries is not None and self.deliveries.awaited
 
     @property
     def looked_at(self) -> int:
@@ -803,10 +831,10 @@ class SimWorker:
             error = exc
         else:
             if returned is not None:
-                error = work.emit(returned, self.deliveries, len(results), record, self.awaiting)
+                error = work.emit(returned, self.deliveries, len(results), record)
             if error is None:
                 results.append(None)
-                if not self.failed and not self.awaiting:
+                if not self.failed and not self.awaited:
                     item.finished = len(results)
                 return entry
         results.append(error)
@@ -827,10 +855,10 @@ class SimWorker:
         by_record = {id(record): entries[i] for i, record in zip(runnable, records, strict=True)}
         work.handler = lambda given: handler([by_record[id(r)] for r in given], given)
         try:
-            error = work.call_batch(records, self.deliveries, self.awaiting)
+            error = work.call_batch(records, self.deliveries)
             if error is not None and work.isolates(error, records):
                 for i, record in zip(runnable, records, strict=True):
-                    alone = work.call_batch([record], self.deliveries, self.awaiting)
+                    alone = work.call_batch([record], self.deliveries)
                     if alone is not None:
                         results[i] = alone
                         work.failed(record, alone)
@@ -847,13 +875,13 @@ class SimWorker:
 
     def end(self) -> list[Any]:
         """Its results: with outputs waiting for reports, the engine's ``Awaiting``."""
-        if self.awaiting and self.deliveries is not None:
+        if self.deliveries is not None and self.deliveries.awaited:
             work = self.work
             if self.batch is not None:
                 records, runnable = self.batch
-                settle = work.settle_batch(records, runnable, self.awaiting)
+                settle = work.settle_batch(records, runnable, self.deliveries)
             else:
-                settle = work.settle_records(self.item.entries, self.awaiting)
+                settle = work.settle_records(self.item.entries, self.deliveries)
             return Awaiting(self.results, self.deliveries, settle)
         return self.results
 

@@ -8,11 +8,9 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from sdk import Output
-from sdk._output import Awaiting, Deliveries, TransactionLock, outputs_of
+from sdk._output import TransactionLock, outputs_of
 
 
 @pytest.mark.parametrize(
@@ -100,54 +98,6 @@ def test_an_async_generator_fails_the_input() -> None:
             outputs_of(generator)
     finally:
         asyncio.run(generator.aclose())
-
-
-class _Error:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def str(self) -> str:
-        return self.text
-
-
-@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=30))
-def test_deliveries_settle_once_every_expected_report_arrived(
-    reports: list[tuple[int, bool]],
-) -> None:
-    deliveries = Deliveries()
-    callbacks = []
-    for index, ok in reports:
-        callbacks.append((index, ok, deliveries.callback(index)))
-        deliveries.produced()
-    failed: dict[int, str] = {}
-    for index, ok, callback in callbacks:
-        assert not deliveries.settled
-        callback(None if ok else _Error(f"e{index}"), None)  # type: ignore[arg-type]
-        if not ok:
-            failed.setdefault(index, f"e{index}")
-    assert deliveries.settled
-    assert deliveries.errors() == failed
-
-
-def test_awaiting_results_apply_the_failed_deliveries_when_settled() -> None:
-    deliveries = Deliveries()
-    first, second = deliveries.callback(0), deliveries.callback(2)
-    deliveries.produced()
-    deliveries.produced()
-    seen: list[dict[int, str]] = []
-
-    def settle(results: list, errors: dict[int, str]) -> None:
-        seen.append(errors)
-        for index in errors:
-            results[index] = "failed"
-
-    waiting = Awaiting([None, None, None], deliveries, settle)
-    first(None, None)
-    assert not deliveries.settled
-    second(_Error("gone"), None)  # type: ignore[arg-type]
-    assert deliveries.settled
-    assert waiting.settle() == [None, None, "failed"]
-    assert seen == [{2: "gone"}]
 
 
 def test_a_closing_transaction_waits_for_its_holders_and_holds_back_new_ones() -> None:

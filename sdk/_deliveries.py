@@ -1,0 +1,232 @@
+"""What a work item's outputs wait for: their delivery reports, and the transaction lock.
+
+Every output of one work item is produced with the same delivery callback: the bound
+:meth:`Deliveries.delivered` of the item's :class:`Deliveries`, made once per item. Nothing is
+made per output or per record but one entry in :attr:`Deliveries.sent` (the index of the
+record or batch call, what the handler was given, and its outputs), so that a failed delivery
+can be traced back to its input.
+
+- **At least once** (``CommitMode.CONSUMER``): an item whose records produced outputs counts
+  them, and the consumer's thread keeps its results aside (:class:`Awaiting`) until every
+  report arrived. The reports are served by one thread at a time, a worker after its item or
+  the consumer's thread (:meth:`~sdk._output.Outputs.serve`): a successful report only adds
+  one to the item's count; once the count reaches the outputs produced and the consumer's
+  thread waits for the item, the report puts it on the settled list, which that thread takes
+  on its next turn (no item is looked at before all its reports are in).
+- **Exactly once** (``CommitMode.TRANSACTIONAL``): the producer reports failed deliveries only
+  (``delivery.report.only.error``): a report breaks the open transaction and blames the inputs
+  it came from (:meth:`~sdk._output.Outputs.break_transaction`). The reports are served when
+  the transaction closes, so whatever an item notes for them lives as long as the
+  transaction: nothing is noted while transactions commit (the first failed delivery breaks
+  its transaction untraced), and from then until a transaction commits again each record
+  notes its inputs' sources and its outputs' topic, key and value
+  (:attr:`~sdk._output.Outputs.tracing`).
+
+A failed delivery report holds the output that failed (its topic, key and value), not the
+input: it is traced back by comparing it with the outputs of the item's records. When
+several records of the item produced the very same output (topic, key and value), each of
+them counts as failed (at least once: they run again, their outputs may be written twice;
+exactly once: each is blamed for the transaction); when none matches (it cannot, but a
+producer might report an output altered), every record of the item with outputs does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sdk._shards import Entry
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError
+
+    from sdk._output import Outputs
+
+Source = tuple[str, int, int]
+"""An input: topic, partition, offset."""
+
+
+class Deliveries:
+    """The delivery reports of one work item's outputs (see the module's docstring).
+
+    Workers append to :attr:`sent` before producing an output, and add to :attr:`expected`
+    after; the reports are served by one thread at a time. :attr:`item` is set by the
+    consumer's thread when the item's results wait for the reports (the count is final by
+    then), and the report that completes the count puts the item on the settled list; the
+    consumer's thread looks at the count again after setting it, since that report may have
+    been served just before."""
+
+    __slots__ = ("_calls", "_outputs", "errors", "expected", "item", "reports", "sent")
+
+    def __init__(self, outputs: Outputs) -> None:
+        self._outputs = outputs
+        # Each record's (or call's) index, what it was given and its outputs, appended by the
+        # worker before they are produced. At least once: its entry (or the records of a
+        # batch) and its ``Output``s, kept until the item settles, a few milliseconds.
+        # Exactly once, where the reports are served when the transaction closes: only the
+        # inputs' sources and the outputs' topic, key and value, in plain tuples (which the
+        # garbage collector stops tracking), so that a transaction's worth of them costs it
+        # nothing.
+        self.sent: list[tuple[int, Any, Sequence[Any]]] = []
+        self.expected = 0  # outputs produced (the worker's count)
+        self.reports = 0  # delivery reports served (the consumer's thread)
+        self.errors: dict[int, str] = {}  # failed deliveries, by record (or call) index
+        self.item: int | None = None
+        self._calls = 0
+
+    def new_call(self) -> int:
+        """A fresh index for one batch handler call's outputs (counted apart from records)."""
+        self._calls -= 1
+        return self._calls
+
+    def delivered(self, error: KafkaError | None, message: Any) -> None:
+        """The delivery callback of every output of the item."""
+        self.reports += 1
+        if error is not None:
+            self._failed(error.str(), message)
+        if self.reports == self.expected and self.item is not None:
+            self._outputs.settled.append(self)
+
+    @property
+    def settled(self) -> bool:
+        """Every output produced has its report (once the worker is done with the item)."""
+        return self.reports >= self.expected
+
+    @property
+    def awaited(self) -> bool:
+        """At least once: some records have outputs, so the item waits for their reports."""
+        return bool(self.sent) and not self._outputs.transactional
+
+    def given(self) -> dict[int, Any]:
+        """What the handler was given, by the index of each record (or call) with outputs."""
+        return {index: given for index, given, _ in self.sent}
+
+    def _failed(self, why: str, message: Any) -> None:
+        culprits = self.culprits(message)
+        outputs = self._outputs
+        if outputs.transactional:
+            sources = [source for _, given in culprits for source in sources_of(given)]
+            if not self.sent:  # untraced: the next transactions note where outputs come from
+                outputs.tracing = True
+            outputs.break_transaction(sources, f"an output's delivery failed: {why}")
+            return
+        for index, _ in culprits:
+            self.errors.setdefault(index, why)
+
+    def culprits(self, message: Any) -> list[tuple[int, Any]]:
+        """The records (or calls) whose outputs match a delivery report's message: its
+        topic, key and value (see the module's docstring)."""
+        try:
+            topic, key, value = message.topic(), message.key(), message.value()
+        except Exception:  # (a message that cannot say what it was: every record)
+            return [(index, given) for index, given, _ in self.sent]
+        found = [
+            (index, given)
+            for index, given, outputs in self.sent
+            if any(
+                fields[0] == topic and _raw(fields[1]) == key and _raw(fields[2]) == value
+                for fields in map(_fields, outputs)
+            )
+        ]
+        return found or [(index, given) for index, given, _ in self.sent]
+
+
+def _raw(value: bytes | str | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
+
+
+def sources_of(given: Any) -> tuple[Source, ...]:
+    """The inputs of what a handler was given: a record (or its entry), or a batch's list of
+    records (their sources already, as a tuple, are returned as they are)."""
+    if isinstance(given, tuple):
+        return given
+    if isinstance(given, list):
+        return tuple((record.topic, record.partition, record.offset) for record in given)
+    if isinstance(given, Entry):
+        topic, partition = given.tp
+        return ((topic, partition, given.offset),)
+    return ((given.topic, given.partition, given.offset),)
+
+
+def _fields(output: Any) -> tuple[Any, Any, Any]:
+    """Topic, key and value of an ``Output`` (or of those fields kept alone)."""
+    return (output[0], output[2], output[1]) if len(output) == 5 else output
+
+
+class Awaiting(list[Any]):
+    """An item's results whose records with outputs count as done only once their outputs
+    are acknowledged: the consumer's thread keeps them aside until :attr:`deliveries` are
+    settled, then :meth:`settle` applies the failures (serving delivery reports is its job:
+    no worker waits for them)."""
+
+    def __init__(
+        self,
+        results: list[Any],
+        deliveries: Deliveries,
+        settle: Callable[[list[Any], dict[int, str]], None],
+    ) -> None:
+        super().__init__(results)
+        self.deliveries = deliveries
+        self._settle = settle
+
+    def settle(self) -> list[Any]:
+        results = list(self)
+        errors = self.deliveries.errors
+        if errors:
+            self._settle(results, errors)
+        return results
+
+
+class TransactionLock:
+    """Workers hold it (shared) while an item runs; the consumer's thread closes a
+    transaction only when no worker holds it. Once a close is requested, workers wait before
+    starting an item (so a close waits at most for the items already running).
+
+    :attr:`closing` is a plain attribute, read by workers before each record without taking
+    the lock: a running item starts no further record once it is set (they go back
+    unstarted, in order), so the close waits for at most one record per worker."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._holders = 0
+        self.closing = False
+
+    def enter(self) -> None:
+        with self._condition:
+            while self.closing:
+                self._condition.wait()
+            self._holders += 1
+
+    def try_enter(self) -> bool:
+        with self._condition:
+            if self.closing:
+                return False
+            self._holders += 1
+            return True
+
+    def leave(self) -> None:
+        with self._condition:
+            self._holders -= 1
+            if self._holders == 0:
+                self._condition.notify_all()
+
+    def close(self) -> bool:
+        """Ask workers to wait; True when none holds it (the transaction may close now)."""
+        with self._condition:
+            self.closing = True
+            return self._holders == 0
+
+    def wait_closed(self, timeout: float) -> bool:
+        with self._condition:
+            self.closing = True
+            return self._condition.wait_for(lambda: self._holders == 0, timeout)
+
+    def reopen(self) -> None:
+        with self._condition:
+            self.closing = False
+            self._condition.notify_all()
+
+    @property
+    def holders(self) -> int:
+        return self._holders
