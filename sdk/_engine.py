@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from gate import KafkaLog
@@ -346,10 +346,58 @@ class ParallelConsumer(ConsumerLoop):
 
     # ---- opening and closing ------------------------------------------------------------
 
-    def _open(self) -> None:
+    def _consumer_config(self) -> dict[str, Any]:
         config = dict(self.config)
         config["on_commit"] = self._committer.on_commit
         config.setdefault("logger", KafkaLog("sdk.kafka"))
+        return config
+
+    def _subscribe(self, consumer: Consumer) -> None:
+        rebalancer = self._rebalancer
+        consumer.subscribe(
+            self.topics,
+            on_assign=rebalancer.on_assign,
+            on_revoke=rebalancer.on_revoke,
+            on_lost=rebalancer.on_lost,
+        )
+
+    def _rejoin_fenced(self, error: KafkaError) -> bool:
+        """A static member fenced (``FENCED_INSTANCE_ID``, fatal for librdkafka's consumer)
+        within two session timeouts of losing its partitions: after a long outage
+        librdkafka's rejoin can be fenced by the member's own previous session. A new
+        consumer takes the old one's place and joins again (what was lost is processed
+        again from the committed offsets, as after any loss). Fenced without such a loss,
+        another process has the same ``group.instance.id``: False, the consumer stops."""
+        lost_at = self._rebalancer.lost_at
+        session = float(self.config.get("session.timeout.ms", 45000)) / 1000.0
+        if (
+            "group.instance.id" not in self.config
+            or "fenced" not in error.str().lower()
+            or lost_at is None
+            or self._monotonic() - lost_at > 2 * session
+        ):
+            return False
+        old = self._consumer
+        assert old is not None
+        log.warning(
+            "the consumer was fenced right after its session timed out (%s): a new consumer "
+            "joins the group in its place",
+            error.str(),
+        )
+        assigned = list(self.core.partitions)
+        if assigned:
+            self._rebalancer.on_lost(old, [TopicPartition(t, p) for t, p in assigned])
+        self._rebalancer.lost_at = None  # (fenced again without a new loss: stop)
+        try:
+            old.close()
+        except Exception as exc:
+            log.debug("closing the fenced consumer: %s", str(exc))
+        self._consumer = self._new_consumer(self._consumer_config())
+        self._subscribe(self._consumer)
+        return True
+
+    def _open(self) -> None:
+        config = self._consumer_config()
         try:
             self._consumer = self._new_consumer(config)
         except KafkaException as exc:
@@ -385,13 +433,7 @@ class ParallelConsumer(ConsumerLoop):
 
             self._collector = EngineCollector(self)
             self.registry.register(self._collector)
-        rebalancer = self._rebalancer
-        self._consumer.subscribe(
-            self.topics,
-            on_assign=rebalancer.on_assign,
-            on_revoke=rebalancer.on_revoke,
-            on_lost=rebalancer.on_lost,
-        )
+        self._subscribe(self._consumer)
         log.info(
             "consuming %s as group %s (%s ordering, concurrency %d, offset map: %s)",
             ", ".join(self.topics),

@@ -251,6 +251,11 @@ class ConsumerLoop:
         for message in errors:
             self._message_error(message.error())
 
+    def _rejoin_fenced(self, error: KafkaError) -> bool:
+        """Whether a fatal error was met by a new consumer taking the failed one's place
+        (see :class:`~sdk._engine.ParallelConsumer`)."""
+        return False
+
     def _message_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
@@ -258,6 +263,8 @@ class ConsumerLoop:
             # (librdkafka hands a fatal error, such as a static member fenced by another with
             # the same group.instance.id, to the consumer as an error event whose code is
             # _FATAL: the consumer can never fetch again.)
+            if self._rejoin_fenced(error):
+                return
             raise EngineError(f"the consumer failed for good: {error.str()}")
         log.warning("consumer error: %s", error.str())
 

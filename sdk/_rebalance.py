@@ -45,6 +45,7 @@ class Rebalancer:
         self.clock = clock
         self.monotonic = monotonic
         self.revoke_timeout = revoke_timeout
+        self.lost_at: float | None = None  # (monotonic) when partitions were last lost
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:
@@ -110,6 +111,7 @@ class Rebalancer:
         log.info("revoked %s", names(tps))
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.lost_at = self.monotonic()
         tps = [(p.topic, p.partition) for p in partitions]
         running = bool(set(tps) & self.core.in_flight_partitions())
         self.core.drop(tps)

@@ -46,7 +46,11 @@ The producer's life cycle (:attr:`TransactionalCommitter.state`)::
 When a transaction cannot commit (a failed delivery, an abortable error, a rebalance that
 cannot wait for the records in flight, partitions lost while their records run), it is
 aborted: its outputs never become visible to ``read_committed`` readers, and every assigned
-partition goes back to its last committed offset to be processed again.
+partition goes back to its last committed offset to be processed again. When some of its
+outputs failed delivery or are not acknowledged yet, a new producer aborts it (renewing):
+a produce request that timed out may reach the broker after the abort, where a broker that
+does not fence the aborting producer's epoch would commit it with that producer's next
+transaction.
 """
 
 from __future__ import annotations
@@ -368,6 +372,16 @@ class TransactionalCommitter(Committer):
         if self.state == "dead":
             return
         self._aborting(why)
+        if (self.open or self.state == "committing") and self._fate_unknown():
+            # A produce request that timed out (or is still unanswered) may land after an
+            # abort: Kafka fences it by the epoch the abort bumps, but a broker that does not
+            # (noida-db 0.2) commits it with the producer's next transaction there. A new
+            # producer's initialisation aborts the transaction instead, and this producer
+            # writes nothing more.
+            self._renew(f"{why}: outputs of the aborted transaction may still be in flight")
+            self.rewind_due = True
+            self._advance(consumer, TIMEOUT)
+            return
         if self.open or self.state == "committing":
             try:
                 self.outputs.producer.abort_transaction(TIMEOUT)
@@ -385,6 +399,15 @@ class TransactionalCommitter(Committer):
             self.state = "between"
             self.rewind(consumer)
         self._advance(consumer, TIMEOUT)
+
+    def _fate_unknown(self) -> bool:
+        """Whether outputs of the open transaction may have reached the broker unacknowledged:
+        a delivery failed (a timeout leaves its request's fate unknown), or some are not
+        reported yet."""
+        outputs = self.outputs
+        if outputs.broken is not None and outputs.in_transaction:
+            return True
+        return outputs.opened and len(outputs.producer) > 0
 
     def _abort_by_renewal(self, consumer: Consumer, why: str) -> None:
         self._aborting(why)

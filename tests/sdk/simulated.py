@@ -37,7 +37,7 @@ import queue
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -119,6 +119,26 @@ class SimMessage:
 
     def error(self) -> None:
         return None
+
+
+class SimFailure:
+    """An error event ``consume()`` hands over in place of a record (librdkafka's fatal
+    errors reach the consumer so)."""
+
+    def __init__(self, error: KafkaError) -> None:
+        self.error_ = error
+
+    def error(self) -> KafkaError:
+        return self.error_
+
+    def topic(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return -1
+
+    def offset(self) -> int:
+        return -1001
 
 
 class Cluster:
@@ -321,6 +341,7 @@ class SimConsumer:
         self.fail_commits = 0  # the next N commit requests fail
         self.closed = False
         self.served_rebalances = 0
+        self.failures: list[SimFailure] = []  # handed over by the next consume()
 
     # ---- group membership ---------------------------------------------------------------
 
@@ -362,10 +383,11 @@ class SimConsumer:
 
     # ---- fetching -----------------------------------------------------------------------
 
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[SimMessage]:
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
         assert not self.closed
         self._serve()
-        messages: list[SimMessage] = []
+        messages: list[Any] = self.failures
+        self.failures = []
         progress = True
         while len(messages) < num_messages and progress:
             progress = False
@@ -393,7 +415,7 @@ class SimConsumer:
             for tp in partitions
         ]
 
-    def poll(self, timeout: float = -1) -> SimMessage | None:
+    def poll(self, timeout: float = -1) -> Any:
         found = self.consume(1, timeout)
         return found[0] if found else None
 
@@ -516,6 +538,13 @@ class SimOutputProducer:
     the producer learns it at its next exchange with the broker (a delivery fails, or a
     transactional call): from then on every call fails with a fatal error.
 
+    A delivery of a transaction that times out leaves its request's fate unknown: it may
+    still reach the broker after the transaction ended. As noida-db 0.2 was seen to, the
+    record then lands in the next transaction this producer begins, and is committed with it
+    (Kafka fences it by the epoch an abort bumps); a new producer, initialised with the same
+    ``transactional.id``, never carries it. ``len()`` counts the records waiting for their
+    reports, as confluent-kafka's does.
+
     :meth:`fail` injects a failure into the next call of a kind (by this producer, or a
     producer made after it), ``times`` times in a row
     (:data:`FAILURES`): ``abortable`` (``INVALID_PRODUCER_ID_MAPPING``, as when the broker
@@ -544,6 +573,10 @@ class SimOutputProducer:
         self.conflict_next = False
         self.knows_fenced = False
         self.calls: list[str] = []
+        self.late: list[Written] = []  # timed out in a transaction: may land in the next one
+
+    def __len__(self) -> int:
+        return len(self.pending)
 
     def fail(self, call: str, kind: str, times: int = 1) -> None:
         """The next ``times`` calls of ``call`` (by this producer or one after it) fail."""
@@ -643,6 +676,8 @@ class SimOutputProducer:
         if written.txn is not None and written.txn == self.txn:
             self.failed_deliveries += 1
         error = error or KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out")
+        if written.txn is not None and error.code() == KafkaError._MSG_TIMED_OUT:
+            self.late.append(written)
         delivered(error, Delivered(written))
 
     def poll(self, timeout: float = 0) -> int:
@@ -681,6 +716,9 @@ class SimOutputProducer:
         assert self.transactional_id is not None
         self.txn = self.transactions.begin(self.transactional_id)
         self.state = "in_transaction"
+        for written in self.late:  # requests that timed out land now, in this transaction
+            self.transactions.write(replace(written, txn=self.txn))
+        self.late = []
         self.failed_deliveries = 0
         self.offsets = []
 

@@ -29,7 +29,15 @@ from sdk._options import OptionsError
 from sdk._runners import AsyncRunner, Work
 from sdk._shards import Entry, Item
 from sdk._transactions import TransactionError
-from tests.sdk.simulated import Clock, Cluster, SimEngine, SimProducer, offer, sim_gate
+from tests.sdk.simulated import (
+    Clock,
+    Cluster,
+    SimEngine,
+    SimFailure,
+    SimProducer,
+    offer,
+    sim_gate,
+)
 
 TOPIC = "t"
 TP0 = (TOPIC, 0)
@@ -827,6 +835,30 @@ def test_a_transaction_that_cannot_commit_commits_neither_offsets_nor_outputs(
     assert sorted(shell.outputs()) == ["0:0", "0:1", "0:2", "0:3"]
 
 
+def test_an_output_whose_delivery_timed_out_is_never_committed_by_a_later_transaction() -> None:
+    """A broker stopped for longer than the message timeout: an output's delivery times out,
+    but its request may still reach the broker after the abort, and a broker that does not
+    fence the aborting producer's old epoch (noida-db 0.2) commits it with that producer's
+    next transaction. The transaction is aborted by a new producer instead, so every output
+    is visible once (before: the late output and its input's second run were both
+    committed)."""
+    shell = transactional_shell()
+    shell.cluster.produce(0, [b"a", b"b"])
+    shell.turn(2)
+    for item in shell.running():
+        shell.run(item)
+    shell.turn()
+    first = shell.engine.output_producer
+    assert first is not None
+    first.deliver([True, False])  # the second output's delivery timed out
+    shell.turn(seconds=0.2)  # the commit is due: it aborts
+    assert shell.engine._committer.aborted == 1
+    shell.run_all()
+    assert shell.outputs() == ["0:0", "0:1"], "an output was committed twice"
+    assert shell.committed() == 2
+    assert shell.engine.output_producer is not first, "the aborting producer wrote on"
+
+
 def test_partitions_lost_with_outputs_in_the_open_transaction_abort_it() -> None:
     """A partition is lost (the session expired: another member may own it already) while
     the open transaction holds outputs of its inputs. That transaction must not commit: the
@@ -1072,3 +1104,67 @@ def test_a_fenced_error_raised_by_the_output_producer_s_poll_stops_with_a_transa
     with pytest.raises(TransactionError, match="fenced"):
         shell.turn()
     assert shell.engine._committer.dead
+
+
+# ---- a static member fenced by its own previous session after a long outage -------------
+
+FENCED = (
+    "Fatal error: Broker: Static consumer fenced by other consumer with same "
+    "group.instance.id: Fatal consumer error"
+)
+
+
+def fenced(shell: Shell) -> None:
+    """librdkafka's consumer fails for good: its static membership was fenced."""
+    error = KafkaError(KafkaError._FATAL, FENCED, fatal=True)
+    shell.engine.sim.failures.append(SimFailure(error))
+
+
+@pytest.mark.parametrize("mode", [CommitMode.CONSUMER, CommitMode.TRANSACTIONAL])
+def test_a_static_member_fenced_right_after_its_session_timed_out_joins_again(
+    mode: CommitMode,
+) -> None:
+    """A broker outage longer than the session: librdkafka loses the partitions, rejoins,
+    and its rejoin is fenced by the member's own previous session (a fatal error for
+    librdkafka's consumer, seen after a broker stopped for 9 s). A new consumer takes the
+    old one's place; the records are processed from the committed offsets, once (before:
+    the consumer stopped with an EngineError)."""
+    shell = Shell(Options(commit_mode=mode, commit_interval=0.1), keeps_metadata=True)
+    shell.cluster.produce(0, [b"a", b"b"])
+    shell.run_all(turns=10)
+    assert shell.committed() == 2
+    shell.cluster.produce(0, [b"c"])
+    shell.turn(2)
+    old = shell.engine.sim
+    old.rebalance("lost", [TP0])
+    shell.turn()
+    fenced(shell)
+    shell.turn(2)
+    new = shell.engine.sim
+    assert new is not old and old.closed, "the fenced consumer was not replaced"
+    new.rebalance("assign", [TP0])
+    ran: list[int] = []
+    shell.run_all(ran=ran)
+    assert ran == [2], f"after the new consumer joined, records ran: {ran}"
+    assert shell.committed() == 3
+    if mode == CommitMode.TRANSACTIONAL:
+        assert shell.outputs() == ["0:0", "0:1", "0:2"]
+
+
+@pytest.mark.parametrize("since_loss", [None, 100.0])
+def test_a_static_member_fenced_without_losing_its_session_stops(since_loss: float | None) -> None:
+    """Fenced with no loss of its own (or long after one): another process has the same
+    ``group.instance.id``; the consumer stops with an EngineError naming the fencing, and
+    does not fence that process in turn."""
+    shell = Shell(Options(commit_interval=0.1))
+    shell.cluster.produce(0, [b"a"])
+    shell.run_all(turns=10)
+    old = shell.engine.sim
+    if since_loss is not None:
+        old.rebalance("lost", [TP0])
+        shell.turn()
+        shell.clock.advance(since_loss)  # (sessions of 45 s: two of them have passed)
+    fenced(shell)
+    with pytest.raises(EngineError, match="fenced"):
+        shell.turn(2)
+    assert shell.engine.sim is old
