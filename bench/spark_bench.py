@@ -4,18 +4,28 @@ One topic of ``--records`` records of 100 bytes in 4 partitions, read in interle
 
 - **plain loop**: a single-process confluent-kafka consumer loop over the topic (the baseline);
 - **ceiling**: a Python data source yielding prebuilt Arrow batches, no Kafka (what Spark can
-  take from a Python source here);
-- **gating off**: the ``gated-kafka`` source with ``gate.enabled`` false;
-- **gated**: the ``gated-kafka`` source gated on a dependency group committed past the end
-  (embedded ``gate.dependsOn``);
+  take from a Python source here), in one batch and in 4 micro-batches (Spark's own cost of a
+  batch);
+- **gating off, one batch**: the ``gated-kafka`` source with ``gate.enabled`` false;
+- **gating off, 4 micro-batches**: the same with ``maxOffsetsPerTrigger`` a quarter of the
+  topic, as a backlog (or a live query behind) is read;
+- **gated, one batch**: the ``gated-kafka`` source gated on a dependency group committed past
+  the end (embedded ``gate.dependsOn``);
 
 the Spark ones into the ``noop`` sink with ``Trigger.AvailableNow``, in ``local[2]`` and
 (``--cluster``, on by default) ``local-cluster[2,1,1024]``, one session per master started
-once. Reports rows/s (best and median over the rounds), ratios against the plain loop and the
-ceiling, gated / gating off on rows/s and on wall time, the CPU the Spark Python processes
-spent per row, and a microbenchmark of building Arrow batches (column-wise against the former
-row-by-row code). Targets: gated-kafka >= 0.9 of the plain loop, >= 0.7 of the ceiling,
-gated / gating off >= 0.9, Python CPU per row <= 2 us.
+once. Then, in each session, a **live query of small batches**: ``--live-seconds`` of a query
+with a 1 s trigger on a second topic written at ``--live-rate`` records a second (gating off,
+``noop`` sink), about 50 records a batch.
+
+Reports rows/s over the batches' ``addBatch`` time as Spark reports it (the batch's job:
+reading, and the sink), best and median over the rounds, ratios against the plain loop and
+the ceiling, the time per batch (``addBatch``; the source's planning, ``latestOffset`` +
+``getBatch``; Spark's offset and commit logs, ``walCommit`` + ``commitOffsets``), gated /
+gating off, the CPU the Spark Python processes spent per row, and a microbenchmark of
+building Arrow batches. Targets: one batch >= 1.0 of the plain loop, 4 micro-batches >= 0.9,
+a live batch's ``addBatch`` <= 200 ms at the median, gated / gating off >= 0.9, Python CPU per
+row <= 2 us.
 
 Run: ``python -m bench.spark_bench [--quick] [--records N] [--no-cluster]``.
 """
@@ -28,47 +38,66 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
-from bench._report import console, table, write
+from bench._report import console, percentile, table, write
 from bench.engine_bench import create_topic, group_far_ahead, produce
 from gate._local import LocalNoida
 
 PARTITIONS = 4
 VALUE = b"x" * 100
 ROOT = Path(__file__).resolve().parent.parent
+TRIGGER_MS = 1000  # the live query's trigger
+# Spark's progress durations of a batch: the source's planning, the batch's job, Spark's logs.
+PLANNING = ("latestOffset", "getBatch")
+SPARK_LOGS = ("walCommit", "commitOffsets")
 
 
 # ---- the ceiling: a Python source yielding prebuilt Arrow batches -------------------------
 
 
 class PrebuiltStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """``records`` rows in ``PARTITIONS`` tasks, each yielding one prebuilt batch repeatedly."""
+    """``records`` rows in ``PARTITIONS`` tasks a batch, each yielding one prebuilt batch
+    repeatedly; at most ``most`` rows a batch when given (maxOffsetsPerTrigger)."""
 
-    def __init__(self, records: int) -> None:
+    def __init__(self, records: int, most: int | None = None) -> None:
         self.records = records
+        self.most = most
 
     def initialOffset(self) -> dict[str, int]:
         return {"rows": 0}
 
     def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+        if isinstance(limit, ReadMaxRows):
+            return {"rows": min(self.records, start["rows"] + limit.max_rows)}
         return {"rows": self.records}
+
+    def getDefaultReadLimit(self) -> Any:
+        return ReadAllAvailable() if self.most is None else ReadMaxRows(self.most)
 
     def prepareForTriggerAvailableNow(self) -> None:
         pass
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         count = end["rows"] - start["rows"]
-        return [InputPartition(count // PARTITIONS) for _ in range(PARTITIONS)]
+        return [
+            InputPartition(count // PARTITIONS + (1 if i < count % PARTITIONS else 0))
+            for i in range(PARTITIONS)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from sdk.spark._read import _ARROW
@@ -106,7 +135,10 @@ class PrebuiltSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return PrebuiltStreamReader(int(self.options["records"]))
+        most = self.options.get("maxOffsetsPerTrigger")
+        return PrebuiltStreamReader(
+            int(self.options["records"]), None if most is None else int(most)
+        )
 
 
 # ---- the readers -------------------------------------------------------------------------
@@ -168,7 +200,7 @@ def python_cpu_seconds() -> float:
     return total
 
 
-def spark_run(spark: Any, source: str, options: dict[str, str], records: int) -> dict[str, float]:
+def spark_run(spark: Any, source: str, options: dict[str, str], records: int) -> dict[str, Any]:
     """One query; started again (up to three times) when Spark could not start its Python
     planner in time, which happens on a loaded machine."""
     for attempt in range(3):
@@ -181,7 +213,7 @@ def spark_run(spark: Any, source: str, options: dict[str, str], records: int) ->
     raise AssertionError("unreachable")
 
 
-def spark_query(spark: Any, source: str, options: dict[str, str], records: int) -> dict[str, float]:
+def spark_query(spark: Any, source: str, options: dict[str, str], records: int) -> dict[str, Any]:
     stream = spark.readStream.format(source)
     for key, value in options.items():
         stream = stream.option(key, value)
@@ -199,15 +231,72 @@ def spark_query(spark: Any, source: str, options: dict[str, str], records: int) 
     cpu = python_cpu_seconds() - cpu
     batches = [p for p in query.recentProgress if p.numInputRows > 0]
     rows = sum(p.numInputRows for p in batches)
-    execution = sum(p.durationMs.get("triggerExecution", 0) for p in batches) / 1000
     if rows != records:
         raise SystemExit(f"{source} {options}: read {rows} rows of {records}")
     return {
         "rows": rows,
-        "rows_per_second": rows / execution if execution else 0.0,
+        "rows_per_second": rows / (sum(batch_ms(batches, ("addBatch",))) / 1000),
         "wall_seconds": wall,
         "python_cpu_us_per_row": cpu / rows * 1e6,
+        **per_batch(batches),
     }
+
+
+def batch_ms(batches: list[Any], names: tuple[str, ...]) -> list[int]:
+    """Per batch, the sum of Spark's progress durations ``names`` (ms)."""
+    return [sum(p.durationMs.get(name, 0) for name in names) for p in batches]
+
+
+def per_batch(batches: list[Any]) -> dict[str, Any]:
+    """The batches' durations (ms): the batch's job, the source's planning, Spark's logs,
+    the whole trigger."""
+    return {
+        "batches": len(batches),
+        "batch_rows": [p.numInputRows for p in batches],
+        "add_batch_ms": batch_ms(batches, ("addBatch",)),
+        "planning_ms": batch_ms(batches, PLANNING),
+        "spark_logs_ms": batch_ms(batches, SPARK_LOGS),
+        "trigger_ms": batch_ms(batches, ("triggerExecution",)),
+    }
+
+
+def live_query(spark: Any, bootstrap: str, rate: float, seconds: float) -> dict[str, Any]:
+    """A query with a 1 s trigger on a new topic written at ``rate`` records a second, for
+    ``seconds``: its batches' durations, the first two (the query starting) left out."""
+    topic = f"spark-live-{random.randrange(10**9)}"
+    create_topic(AdminClient({"bootstrap.servers": bootstrap}), topic, PARTITIONS)
+    stop = threading.Event()
+
+    def write() -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        while not stop.wait(1 / rate):
+            producer.produce(topic, VALUE)
+            producer.poll(0)
+        producer.flush(10)
+
+    writer = threading.Thread(target=write, name="live-writer")
+    writer.start()
+    try:
+        query = (
+            spark.readStream.format("gated-kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+            .option("gate.enabled", "false")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", tempfile.mkdtemp(prefix="spark-bench-live-"))
+            .trigger(processingTime=f"{TRIGGER_MS} milliseconds")
+            .start()
+        )
+        time.sleep(seconds)
+        query.stop()
+    finally:
+        stop.set()
+        writer.join(30)
+    batches = [p for p in query.recentProgress if p.numInputRows > 0][2:]
+    if not batches:
+        raise SystemExit("the live query read no batch")
+    return per_batch(batches)
 
 
 def session(master: str) -> Any:
@@ -292,23 +381,30 @@ def arrow_micro(bootstrap: str, topic: str, repeats: int) -> dict[str, dict[str,
 # ---- the run -----------------------------------------------------------------------------
 
 
-def summary(results: list[dict[str, float]]) -> dict[str, float]:
+def summary(results: list[dict[str, Any]]) -> dict[str, float]:
     rates = [r["rows_per_second"] for r in results]
     walls = [r["wall_seconds"] for r in results]
     cpu = [r["python_cpu_us_per_row"] for r in results if "python_cpu_us_per_row" in r]
-    return {
+    found = {
         "best": max(rates),
         "median": statistics.median(rates),
         "wall_median": statistics.median(walls),
         "cpu_us_per_row": statistics.median(cpu) if cpu else float("nan"),
     }
+    for name in ("add_batch_ms", "planning_ms", "spark_logs_ms", "trigger_ms"):
+        if name in results[0]:
+            found[name] = statistics.median(ms for r in results for ms in r[name])
+    if "batches" in results[0]:
+        found["batches"] = statistics.median(r["batches"] for r in results)
+    return found
 
 
-def report(master: str, runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+def report(master: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     sums = {name: summary(results) for name, results in runs.items()}
     loop, ceiling = sums["plain loop"]["median"], sums["ceiling (prebuilt Arrow)"]["median"]
     table(
-        f"{master}: rows/s over {len(runs['plain loop'])} interleaved rounds",
+        f"{master}: rows/s (Spark's over addBatch) over {len(runs['plain loop'])} interleaved "
+        "rounds",
         ["reader", "best", "median", "vs loop", "vs ceiling", "median wall s", "py µs/row"],
         [
             [
@@ -323,27 +419,81 @@ def report(master: str, runs: dict[str, list[dict[str, float]]]) -> dict[str, An
             for name, s in sums.items()
         ],
     )
+    table(
+        f"{master}: time per batch (ms, median over the rounds' batches)",
+        ["reader", "batches", "addBatch", "source planning", "Spark's logs", "whole batch"],
+        [
+            [
+                name,
+                round(s["batches"]),
+                s["add_batch_ms"],
+                s["planning_ms"],
+                s["spark_logs_ms"],
+                s["trigger_ms"],
+            ]
+            for name, s in sums.items()
+            if "batches" in s
+        ],
+    )
     # Spark's own Python processes (planner, workers, their imports) cost the ceiling's CPU
     # too: what a Kafka reader spends above it is the reading, to set beside the plain loop.
     spark_python = sums["ceiling (prebuilt Arrow)"]["cpu_us_per_row"]
-    for name in ("gating off", "gated (embedded)"):
+    for name in (ONE_BATCH, GATED):
         sums[name]["cpu_above_ceiling_us_per_row"] = sums[name]["cpu_us_per_row"] - spark_python
     console.print(
         f"{master}: Python CPU per row above the ceiling's: gating off "
-        f"{sums['gating off']['cpu_above_ceiling_us_per_row']:.2f} µs, gated "
-        f"{sums['gated (embedded)']['cpu_above_ceiling_us_per_row']:.2f} µs; the plain loop "
+        f"{sums[ONE_BATCH]['cpu_above_ceiling_us_per_row']:.2f} µs, gated "
+        f"{sums[GATED]['cpu_above_ceiling_us_per_row']:.2f} µs; the plain loop "
         f"{sums['plain loop']['cpu_us_per_row']:.2f} µs"
     )
-    gated, off = sums["gated (embedded)"], sums["gating off"]
+    gated, off = sums[GATED], sums[ONE_BATCH]
     ratios = {
+        "one_batch_vs_loop": off["median"] / loop,
+        "micro_batches_vs_loop": sums[MICRO_BATCHES]["median"] / loop,
+        "micro_batches_vs_ceiling": sums[MICRO_BATCHES]["median"]
+        / sums[CEILING_MICRO_BATCHES]["median"],
         "gated_vs_off_rows": gated["median"] / off["median"],
         "gated_vs_off_wall": off["wall_median"] / gated["wall_median"],
     }
     console.print(
-        f"{master}: gated / gating off {ratios['gated_vs_off_rows']:.3f} on rows/s, "
+        f"{master}: against the plain loop: one batch {ratios['one_batch_vs_loop']:.2f} "
+        f"(target >= 1.0), 4 micro-batches {ratios['micro_batches_vs_loop']:.2f} (target "
+        f">= 0.9; {ratios['micro_batches_vs_ceiling']:.2f} of the ceiling's 4 micro-batches); "
+        f"gated / gating off {ratios['gated_vs_off_rows']:.3f} on rows/s, "
         f"{ratios['gated_vs_off_wall']:.3f} on wall time (targets >= 0.9)"
     )
     return {"summary": sums, **ratios, "runs": runs}
+
+
+def report_live(master: str, rate: float, live: dict[str, Any]) -> dict[str, Any]:
+    rows = [
+        [name, statistics.median(live[key]), percentile(live[key], 90), max(live[key])]
+        for name, key in (
+            ("records", "batch_rows"),
+            ("addBatch (the batch's job)", "add_batch_ms"),
+            ("source planning (latestOffset + getBatch)", "planning_ms"),
+            ("Spark's logs (walCommit + commitOffsets)", "spark_logs_ms"),
+            ("whole batch (triggerExecution)", "trigger_ms"),
+        )
+    ]
+    table(
+        f"{master}: live query, {live['batches']} batches ({rate:g} records/s, 1 s trigger, "
+        "noop sink): per batch (ms)",
+        ["", "median", "p90", "max"],
+        rows,
+    )
+    behind = sum(1 for ms in live["trigger_ms"] if ms > TRIGGER_MS)
+    console.print(
+        f"{master}: live batches' addBatch {statistics.median(live['add_batch_ms']):.0f} ms at "
+        f"the median (target <= 200); longer than the trigger: {behind} of {live['batches']}"
+    )
+    return {**live, "behind_trigger": behind}
+
+
+ONE_BATCH = "gating off, one batch"
+MICRO_BATCHES = "gating off, 4 micro-batches"
+CEILING_MICRO_BATCHES = "ceiling, 4 micro-batches"
+GATED = "gated, one batch"
 
 
 def main() -> None:
@@ -354,10 +504,13 @@ def main() -> None:
     parser.add_argument("--records", type=int, help="records to read (default 1,000,000)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 4)")
     parser.add_argument("--cluster", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--live-seconds", type=float, help="the live query (default 40 s)")
+    parser.add_argument("--live-rate", type=float, default=50.0, help="records a second")
     args = parser.parse_args()
     records = args.records or (200_000 if args.quick else 1_000_000)
     records -= records % PARTITIONS
     rounds = args.rounds or (2 if args.quick else 4)
+    live_seconds = args.live_seconds or (25.0 if args.quick else 40.0)
     masters = ["local[2]"] + (["local-cluster[2,1,1024]"] if args.cluster else [])
     results: dict[str, Any] = {"records": records, "partitions": PARTITIONS, "rounds": rounds}
     with LocalNoida() as broker:
@@ -376,10 +529,14 @@ def main() -> None:
             ],
         )
         kafka = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic}
+        off = {**kafka, "gate.enabled": "false"}
+        quarter = {"maxOffsetsPerTrigger": str(records // 4)}
         spark_readers = {
             "ceiling (prebuilt Arrow)": ("prebuilt-arrow", {"records": str(records)}),
-            "gating off": ("gated-kafka", {**kafka, "gate.enabled": "false"}),
-            "gated (embedded)": (
+            CEILING_MICRO_BATCHES: ("prebuilt-arrow", {"records": str(records), **quarter}),
+            ONE_BATCH: ("gated-kafka", off),
+            MICRO_BATCHES: ("gated-kafka", {**off, **quarter}),
+            GATED: (
                 "gated-kafka",
                 {**kafka, "gate.name": "bench", "gate.dependsOn": dependency},
             ),
@@ -391,15 +548,17 @@ def main() -> None:
             try:
                 for source, options in spark_readers.values():  # warm up the Python workers
                     spark_run(spark, source, options, records)
-                runs: dict[str, list[dict[str, float]]] = {"plain loop": []}
+                runs: dict[str, list[dict[str, Any]]] = {"plain loop": []}
                 runs.update({name: [] for name in spark_readers})
                 for _ in range(rounds):
                     runs["plain loop"].append(plain_loop(bootstrap, topic, records))
                     for name, (source, options) in spark_readers.items():
                         runs[name].append(spark_run(spark, source, options, records))
+                live = live_query(spark, bootstrap, args.live_rate, live_seconds)
             finally:
                 spark.stop()
             results[master] = report(master, runs)
+            results[master]["live"] = report_live(master, args.live_rate, live)
     write("spark_bench", results)
 
 

@@ -47,7 +47,8 @@ Options (those of Spark's JVM Kafka source where they fit; docs/spark.md compare
 ``minPartitions``                      at least this many Spark tasks per batch: the
                                        largest ranges are split
 ``maxRecordsPerPartition``             split larger ranges over several Spark tasks (default:
-                                       one task per Kafka partition)
+                                       a task per Kafka partition, ranges of fewer than
+                                       50,000 records sharing tasks)
 ``includeHeaders``                     ``true`` adds the ``headers`` column (default
                                        ``false``)
 ``failOnDataLoss``                     ``true`` (default): a planned range that retention or

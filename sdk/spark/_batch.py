@@ -8,8 +8,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from sdk.spark._bounds import ending, snapshot_watermark
-from sdk.spark._plan import OffsetRange, ranges
-from sdk.spark._read import read_range
+from sdk.spark._plan import tasks
+from sdk.spark._read import read_task
 from sdk.spark._stream import KafkaPlanner
 
 
@@ -35,8 +35,7 @@ class GatedKafkaBatchReader(KafkaPlanner, DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         start, end = self.plan()
-        return ranges(start, end, self.settings.max_per_task, self.settings.min_partitions)
+        return tasks(start, end, self.settings.max_per_task, self.settings.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, OffsetRange)
-        return read_range(self.settings, partition, self.headers)
+        return read_task(self.settings, partition, self.headers)

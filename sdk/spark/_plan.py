@@ -12,6 +12,11 @@ from gate import Snapshot
 from sdk.spark._settings import NAME
 
 Offsets = dict[str, dict[str, int]]
+# A Spark task costs Spark tens of milliseconds of scheduling (0.1 to 0.2 s between one task
+# and the next on a busy 2-core machine, where a task reads about 200,000 records a second),
+# and a batch's tasks beyond the executors' cores run in waves: ranges holding fewer records
+# than this share a task, read one after the other, until it holds at least this many.
+SHARED_TASK_RECORDS = 50_000
 
 
 class OffsetRange(InputPartition):
@@ -22,12 +27,54 @@ class OffsetRange(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
+class OffsetRanges(InputPartition):
+    """One Spark task reading several small ranges, one after the other."""
+
+    def __init__(self, ranges: Sequence[OffsetRange]) -> None:
+        super().__init__(tuple((r.topic, r.partition, r.start, r.end) for r in ranges))
+        self.ranges = list(ranges)
+
+
+def tasks(
+    start: Offsets, end: Offsets, max_per_task: int | None, min_partitions: int | None = None
+) -> list[InputPartition]:
+    """The Spark tasks of a batch: its ranges (see ``ranges``), the small ones sharing tasks
+    of at least ``SHARED_TASK_RECORDS`` records (``shared``) unless ``maxRecordsPerPartition``
+    or ``minPartitions`` sets the tasks' sizes. Deterministic, as ``ranges``."""
+    planned = ranges(start, end, max_per_task, min_partitions)
+    if max_per_task is not None or min_partitions is not None:
+        return list(planned)
+    return shared(planned)
+
+
+def shared(
+    planned: Sequence[OffsetRange], fewest: int = SHARED_TASK_RECORDS
+) -> list[InputPartition]:
+    """The tasks of ``planned``: a range of ``fewest`` records or more is a task, smaller ones
+    share tasks, taken in order until a task holds ``fewest`` (a task of one range stays an
+    ``OffsetRange``). A live query's batch of a few records per partition is one task; a
+    backlog's large ranges keep a task each."""
+    found: list[InputPartition] = []
+    group: list[OffsetRange] = []
+    for task in planned:
+        if task.end - task.start >= fewest:
+            found.append(task)
+            continue
+        group.append(task)
+        if sum(r.end - r.start for r in group) >= fewest:
+            found.append(group[0] if len(group) == 1 else OffsetRanges(group))
+            group = []
+    if group:
+        found.append(group[0] if len(group) == 1 else OffsetRanges(group))
+    return found
+
+
 def ranges(
     start: Offsets, end: Offsets, max_per_task: int | None, min_partitions: int | None = None
 ) -> list[OffsetRange]:
-    """The Spark tasks of a batch: one per Kafka partition with records in [start, end), that
-    partition's range split evenly when it holds more than ``max_per_task`` records; then the
-    largest ranges split further until there are at least ``min_partitions`` tasks (while a
+    """The ranges of a batch's tasks: one per Kafka partition with records in [start, end),
+    that partition's range split evenly when it holds more than ``max_per_task`` records; then
+    the largest ranges split further until there are at least ``min_partitions`` (while a
     range has records to split). Deterministic: a replayed batch plans the identical tasks."""
     spans: list[tuple[str, int, int, int]] = []  # topic, partition, first, stop
     for topic, partitions in sorted(end.items()):

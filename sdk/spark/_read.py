@@ -10,10 +10,11 @@ from itertools import chain
 
 import numpy as np
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from pyspark.sql.datasource import InputPartition
 
 from sdk.spark._consumers import Reader, discard, give_back, sized, take
-from sdk.spark._plan import OffsetRange, data_loss
+from sdk.spark._plan import OffsetRange, OffsetRanges, data_loss
 from sdk.spark._settings import LOG, NAME, Settings
 
 log = logging.getLogger("sdk.spark")
@@ -35,6 +36,22 @@ _ARROW = pa.schema(
 _ARROW_HEADERS = _ARROW.append(pa.field("headers", _HEADERS))
 
 
+def read_task(settings: Settings, task: InputPartition, headers: bool) -> Iterator[pa.RecordBatch]:
+    """The records of one Spark task: a planned range, or several small ones read one after
+    the other (see ``sdk.spark._plan.tasks``)."""
+    if isinstance(task, OffsetRanges):
+        return _read_ranges(settings, task.ranges, headers)
+    assert isinstance(task, OffsetRange)
+    return read_range(settings, task, headers)
+
+
+def _read_ranges(
+    settings: Settings, ranges: list[OffsetRange], headers: bool
+) -> Iterator[pa.RecordBatch]:
+    for task in ranges:  # a task stopped midway closes the consumer of the range it was in
+        yield from read_range(settings, task, headers)
+
+
 def read_range(settings: Settings, task: OffsetRange, headers: bool) -> Iterator[pa.RecordBatch]:
     """The records of one planned range, as Arrow record batches (on an executor), read by a
     consumer this worker keeps between tasks (see ``sdk.spark._consumers``)."""
@@ -44,12 +61,13 @@ def read_range(settings: Settings, task: OffsetRange, headers: bool) -> Iterator
         reader = take(config, task.topic, task.partition, task.start, lambda: _open(config))
         readable = _readable(settings, reader.consumer, task)
         # Where the consumer stands once the range is read (-1: not known exactly).
-        stands = task.start if readable is task else -1
+        stands = reader.position
         if readable.start < readable.end:
             # After the check: a consumer fetching from a start Kafka no longer holds would
             # report it (auto.offset.reset is error) even once moved on.
-            reader.move_to(task.topic, task.partition, readable.start)
-            for messages, stands in _chunks(settings, reader.consumer, readable):  # noqa: B007
+            stands = reader.move_to(task.topic, task.partition, readable.start)
+            chunks = _chunks(settings, reader.consumer, readable, stands)
+            for messages, stands in chunks:  # noqa: B007
                 if messages:
                     yield record_batch(messages, readable, headers)
         done, reader = reader, None
@@ -65,9 +83,16 @@ def _open(config: dict[str, str]) -> Consumer:
 
 def _readable(settings: Settings, consumer: Consumer, task: OffsetRange) -> OffsetRange:
     """The part of ``task`` Kafka still holds (failOnDataLoss=false), or the range."""
-    low, _ = consumer.get_watermark_offsets(
-        TopicPartition(task.topic, task.partition), timeout=10, cached=False
-    )
+    tp = TopicPartition(task.topic, task.partition)
+    try:
+        low, _ = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+            raise
+        # A kept consumer knows the topic's partitions as they were when it last read it:
+        # a partition added since is unknown to it until it lists them again.
+        consumer.list_topics(task.topic, timeout=10)
+        low, _ = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
     if task.start >= low:
         return task
     missing = data_loss(task.topic, task.partition, task.start, min(low, task.end))
@@ -78,14 +103,16 @@ def _readable(settings: Settings, consumer: Consumer, task: OffsetRange) -> Offs
 
 
 def _chunks(
-    settings: Settings, consumer: Consumer, task: OffsetRange
+    settings: Settings, consumer: Consumer, task: OffsetRange, begin: int
 ) -> Iterator[tuple[list[Message], int]]:
-    """The range's records, in the chunks the consumer hands them over, each with the next
-    offset the consumer will hand over (-1 once it handed over a record beyond the range).
-    Offsets are not contiguous (transaction markers, aborted records, compaction): the range
-    is done when the consumer's position reaches its end, whatever record it handed last."""
+    """The range's records, in the chunks the consumer hands them over from ``begin`` (the
+    range's start, or a little before it where a kept consumer stands: the records before
+    the start are skipped), each with the next offset the consumer will hand over (-1 once it
+    handed over a record beyond the range). Offsets are not contiguous (transaction markers,
+    aborted records, compaction): the range is done when the consumer's position reaches its
+    end, whatever record it handed last."""
     tp = TopicPartition(task.topic, task.partition)
-    position = task.start
+    position = begin
     moved = time.monotonic()
     while position < task.end:
         # A batch consume waits for as many records as it asks for, or for the timeout:
@@ -98,6 +125,9 @@ def _chunks(
         if beyond:  # never beyond the planned end: the watermark
             offsets = list(map(Message.offset, messages))
             messages = messages[: bisect_left(offsets, task.end)]
+        if messages and messages[0].offset() < task.start:  # skipped: before the range
+            offsets = list(map(Message.offset, messages))
+            messages = messages[bisect_left(offsets, task.start) :]
         # The position passes the records handed over and the markers and aborted records
         # the consumer skipped.
         reached = consumer.position([tp])[0].offset

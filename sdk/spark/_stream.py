@@ -27,18 +27,17 @@ from pyspark.sql.streaming.datasource import (
 from gate import Snapshot
 from sdk.spark._bounds import Partitions, at_times, gated_end, starting, wanted_times
 from sdk.spark._plan import (
-    OffsetRange,
     Offsets,
     beyond_end,
     beyond_end_error,
     cap,
     data_loss,
     not_below,
-    ranges,
     sorted_offsets,
+    tasks,
 )
 from sdk.spark._progress import held_back_by_gate, offsets_behind_latest
-from sdk.spark._read import read_range
+from sdk.spark._read import read_task
 from sdk.spark._settings import LOG, NAME, Settings
 
 log = logging.getLogger("sdk.spark")
@@ -389,7 +388,7 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
         return figures
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
-        return ranges(start, end, self.settings.max_per_task, self.settings.min_partitions)
+        return tasks(start, end, self.settings.max_per_task, self.settings.min_partitions)
 
     def commit(self, end: Offsets) -> None:
         """Spark calls this a batch late; the job's Kafka commits come from ProgressCommitter."""
@@ -397,8 +396,7 @@ class GatedKafkaStreamReader(KafkaPlanner, DataSourceStreamReader, SupportsTrigg
     # ---- reading (executors) -----------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, OffsetRange)
-        return read_range(self.settings, partition, self.headers)
+        return read_task(self.settings, partition, self.headers)
 
 
 class GatedKafkaSource(DataSource):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
-from sdk.spark._plan import OffsetRange, Offsets, ranges
+from sdk.spark._plan import OffsetRange, OffsetRanges, Offsets, ranges, shared, tasks
 from sdk.spark._read import read_range, record_batch
 from sdk.spark._settings import Settings
 from tests.support import KEEP_FOREVER, Kafka, unique, wait_until
@@ -99,6 +99,56 @@ def test_min_partitions_splits_the_largest_ranges_first() -> None:
     assert len(ranges({"t": {"0": 0}}, {"t": {"0": 3}}, None, 10)) == 3
 
 
+@given(partition_ranges, st.integers(1, 500))
+def test_small_ranges_share_tasks_and_every_range_is_read_once(
+    planned: dict[str, dict[str, tuple[int, int]]], fewest: int
+) -> None:
+    start, end = offsets(planned)
+    planned_ranges = ranges(start, end, None)
+    found = shared(planned_ranges, fewest)
+    groups = [task.ranges for task in found if isinstance(task, OffsetRanges)]
+    flat = [
+        r for task in found for r in (task.ranges if isinstance(task, OffsetRanges) else [task])
+    ]
+    assert sorted(r.value for r in flat) == sorted(r.value for r in planned_ranges)  # once each
+    for group in groups:
+        sizes = [r.end - r.start for r in group]
+        # Only small ranges share a task, and a shared task takes none once it holds fewest.
+        assert len(group) > 1 and max(sizes) < fewest and sum(sizes[:-1]) < fewest
+
+
+def test_a_live_batch_is_one_task_and_a_backlog_keeps_a_task_per_partition() -> None:
+    """A Spark task costs tens of milliseconds of scheduling, and a batch's tasks beyond the
+    cores run in waves: a live query's batch of a few records per partition is one task,
+    large ranges keep a task each, and maxRecordsPerPartition and minPartitions still set
+    the tasks when given."""
+    start: Offsets = {"t": {"0": 100, "1": 200, "2": 300}}
+    live: Offsets = {"t": {"0": 117, "1": 215, "2": 320}}
+    (task,) = tasks(start, live, None)
+    assert isinstance(task, OffsetRanges)
+    assert [(r.partition, r.start, r.end) for r in task.ranges] == [
+        (0, 100, 117),
+        (1, 200, 215),
+        (2, 300, 320),
+    ]
+    backlog: Offsets = {"t": {"0": 60_100, "1": 60_200, "2": 60_300}}
+    assert [(t.partition, t.start, t.end) for t in tasks(start, backlog, None)] == [  # type: ignore[attr-defined]
+        (0, 100, 60_100),
+        (1, 200, 60_200),
+        (2, 300, 60_300),
+    ]
+    # maxOffsetsPerTrigger a quarter of a backlog of 100,000 records in each of 4 partitions:
+    # two tasks of two ranges each, one wave on two cores instead of two.
+    four: Offsets = {"t": {str(p): 0 for p in range(4)}}
+    quarter: Offsets = {"t": {str(p): 25_001 for p in range(4)}}
+    assert [[r.partition for r in t.ranges] for t in tasks(four, quarter, None)] == [  # type: ignore[attr-defined]
+        [0, 1],
+        [2, 3],
+    ]
+    assert len(tasks(start, live, 100)) == 3
+    assert len(tasks(start, live, None, 2)) == 3
+
+
 # ---- reading ranges with a consumer the worker keeps ------------------------------------
 
 
@@ -144,15 +194,19 @@ def expected(partition: int, start: int, end: int) -> list[str]:
 
 
 def test_one_kept_consumer_reads_adjacent_and_overlapping_ranges_exactly(
-    kafka: Kafka, opened: list[object]
+    kafka: Kafka, opened: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The consumer kept after a range has fetched past its end: the next range must get
     exactly its own records, whether it starts where the last one ended (read on), before it
     (overlapping: re-assigned, the prefetched records discarded) or on another partition."""
     from sdk.spark import _consumers
 
+    monkeypatch.setattr(_consumers, "KEPT_PER_CONFIGURATION", 1)  # re-assigned, never a new one
+
     topic = kafka.create_topic(2)
-    kafka.produce(topic, {0: 3_000, 1: 500})
+    # Every range leaves more records after it than its consumer queues (1,024): the consumer
+    # stays assigned between ranges, its queue full (see the next tests for the log end).
+    kafka.produce(topic, {0: 5_000, 1: 2_000})
     given = settings(kafka, topic)
     for partition, start, end in [
         (0, 0, 100),
@@ -168,6 +222,27 @@ def test_one_kept_consumer_reads_adjacent_and_overlapping_ranges_exactly(
         assert _consumers.kept() == 1
     # Ranges of a size class share one consumer (1,024 offsets or fewer).
     assert len(opened) == 1
+
+
+def test_a_shared_task_reads_each_of_its_ranges(kafka: Kafka, opened: list[object]) -> None:
+    from sdk.spark._read import read_task
+
+    topic = kafka.create_topic(3)
+    kafka.produce(topic, {0: 20, 1: 20, 2: 20})
+    given = settings(kafka, topic)
+    (task,) = tasks({topic: {"0": 3, "1": 0, "2": 10}}, {topic: {"0": 20, "1": 5, "2": 20}}, None)
+    assert isinstance(task, OffsetRanges)
+    values = [
+        f"{p}@{o}={v.decode()}"
+        for batch in read_task(given, task, headers=False)
+        for p, o, v in zip(
+            batch.column("partition").to_pylist(),
+            batch.column("offset").to_pylist(),
+            batch.column("value").to_pylist(),
+            strict=True,
+        )
+    ]
+    assert values == expected(0, 3, 20) + expected(1, 0, 5) + expected(2, 10, 20)
 
 
 def test_a_range_stopped_or_failed_midway_closes_its_consumer(
@@ -194,6 +269,32 @@ def test_a_range_stopped_or_failed_midway_closes_its_consumer(
     assert len(opened) == 3
 
 
+def test_a_kept_consumer_reads_a_partition_added_since(kafka: Kafka, opened: list[object]) -> None:
+    """A kept consumer knows its topic's partitions as they were when it last read it: a
+    partition added since is listed again, not taken for one that does not exist."""
+    from confluent_kafka.admin import NewPartitions
+
+    from sdk.spark import _consumers
+
+    if not kafka.broker.adds_partitions:
+        pytest.skip(f"{kafka.broker.name} cannot add partitions to a topic")
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10})
+    given = settings(kafka, topic)
+    assert read(given, topic, 0, 0, 10) == expected(0, 0, 10)
+    for future in kafka.admin.create_partitions([NewPartitions(topic, 2)]).values():
+        future.result(10)
+    wait_until(
+        lambda: len(kafka.admin.list_topics(topic, timeout=5).topics[topic].partitions) == 2,
+        what="the partition added",
+    )
+    kafka.produce(topic, {1: 5})
+    kept = [r for readers in _consumers._idle.values() for r in readers]
+    wait_until(lambda: all(r.quiet(time.monotonic()) for r in kept), what="the kept one free")
+    assert read(given, topic, 1, 0, 5) == expected(1, 0, 5)
+    assert len(opened) == 1  # the kept consumer read it
+
+
 def test_idle_consumers_are_closed(
     kafka: Kafka, opened: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,6 +310,161 @@ def test_idle_consumers_are_closed(
         opened[-1].assignment()  # type: ignore[attr-defined]
 
 
+# ---- a kept consumer between micro-batches: no requests while it waits ------------------
+
+
+class Requests:
+    """The requests a consumer sent, by kind (librdkafka's statistics, summed over brokers),
+    as of its latest statistics; served by polling the consumer."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, int] = {}
+
+    def record(self, stats: str) -> None:
+        import json
+
+        counts: dict[str, int] = {}
+        for broker in json.loads(stats).get("brokers", {}).values():
+            for kind, count in broker.get("req", {}).items():
+                counts[kind] = counts.get(kind, 0) + count
+        self.latest = counts
+
+    def sent(self, consumer: object, kind: str, seconds: float) -> int:
+        """Polls ``consumer`` (which must have nothing to hand over) for ``seconds``: the
+        requests of ``kind`` it sent meanwhile."""
+        consumer.poll(0.3)  # type: ignore[attr-defined]
+        before = self.latest.get(kind, 0)
+        assert self.latest, "no statistics from the consumer"
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            assert consumer.poll(0.1) is None, "the consumer handed over a record"  # type: ignore[attr-defined]
+        return self.latest.get(kind, 0) - before
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[object], list[Requests]]]:
+    """The consumers the reader opens (real ones, none kept from earlier tests), each with
+    the requests it sends counted."""
+    import sdk.spark._read as read_module
+    from sdk.spark import _consumers
+    from sdk.spark._settings import LOG
+
+    _consumers.close_all()
+    consumers: list[object] = []
+    requests: list[Requests] = []
+
+    def counting(config: dict[str, str]) -> object:
+        from confluent_kafka import Consumer
+
+        requests.append(Requests())
+        stats = {"statistics.interval.ms": 50, "stats_cb": requests[-1].record}
+        consumers.append(Consumer({**config, **stats, "logger": LOG}))
+        return consumers[-1]
+
+    monkeypatch.setattr(read_module, "_open", counting)
+    yield consumers, requests
+    _consumers.close_all()
+
+
+def test_a_consumer_kept_at_the_log_end_sends_no_fetch_while_it_waits(
+    kafka: Kafka, counted: tuple[list[object], list[Requests]]
+) -> None:
+    """Every range of a live query ends at the log end. A consumer left assigned there asks
+    for more records again and again while it waits for its next range: Tansu and Kafka hold
+    each fetch for ``fetch.wait.max.ms`` (500 ms by default), and the next range's requests
+    on that connection wait behind it; noida-db answers at once, thousands of times a second
+    (half a core of the worker and as much of the broker). That was about a second of every
+    micro-batch; the consumer now stops fetching once its range is read."""
+    from confluent_kafka import TopicPartition
+
+    from sdk.spark import _consumers
+
+    consumers, requests = counted
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 60, 1: 40})
+    given = settings(kafka, topic)
+    for partition, start, end in [(0, 0, 60), (1, 0, 40), (0, 60, 60)]:
+        assert read(given, topic, partition, start, end) == expected(partition, start, end)
+        assert _consumers.kept() == 1 and len(consumers) == 1
+        assert requests[0].sent(consumers[0], "Fetch", 1.0) == 0
+        assert consumers[0].assignment() == []  # type: ignore[attr-defined]
+    # The next micro-batch's range is read as before, by the same consumer.
+    kafka.produce(topic, {0: 5})
+    assert read(given, topic, 0, 60, 65) == [f"0@{60 + i}=0:{i}" for i in range(5)]
+    assert len(consumers) == 1
+    low, high = consumers[0].get_watermark_offsets(  # type: ignore[attr-defined]
+        TopicPartition(topic, 0), timeout=10
+    )
+    assert (low, high) == (0, 65)
+
+
+def test_the_next_range_does_not_wait_behind_a_fetch_held_at_the_log_end(
+    kafka: Kafka, counted: tuple[list[object], list[Requests]]
+) -> None:
+    """Kafka and Tansu hold a fetch at the log end open for ``fetch.wait.max.ms``, and the
+    requests after it on that connection wait for it: the consumer that read to the log end
+    reads no range during that time (the next range of the batch gets another consumer, a
+    new one at first), and is handed ranges again once that fetch has surely ended."""
+    from sdk.spark import _consumers
+
+    consumers, _ = counted
+    topic = kafka.create_topic(2)
+    kafka.produce(topic, {0: 10, 1: 10})
+    given = settings(kafka, topic, **{"kafka.fetch.wait.max.ms": "300"})
+    assert read(given, topic, 0, 0, 10) == expected(0, 0, 10)
+    assert read(given, topic, 1, 0, 10) == expected(1, 0, 10)
+    assert len(consumers) == 2
+    kept = [r for readers in _consumers._idle.values() for r in readers]
+    wait_until(lambda: all(r.quiet(time.monotonic()) for r in kept), what="the held fetches ended")
+    kafka.produce(topic, {0: 3, 1: 3})
+    assert read(given, topic, 0, 10, 13) == [f"0@{10 + i}=0:{i}" for i in range(3)]
+    assert read(given, topic, 1, 10, 13) == [f"1@{10 + i}=1:{i}" for i in range(3)]
+    assert len(consumers) == 2 and _consumers.kept() == 2
+
+
+def test_a_consumer_with_the_next_records_queued_stays_assigned_and_reads_on(
+    kafka: Kafka, counted: tuple[list[object], list[Requests]]
+) -> None:
+    """A range read in several micro-batches (maxOffsetsPerTrigger, a backlog): the consumer
+    holds the records after its range; its full queue keeps it from fetching, and the next
+    range of the partition reads on from it without a new assignment (which would discard
+    the queue and fetch it again)."""
+    from confluent_kafka import TopicPartition
+
+    from sdk.spark import _consumers
+
+    consumers, _ = counted
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 6_000})
+    given = settings(kafka, topic)
+    assert read(given, topic, 0, 0, 1_000) == expected(0, 0, 1_000)
+    (reader,) = [r for readers in _consumers._idle.values() for r in readers]
+    assert (reader.topic, reader.partition, reader.position) == (topic, 0, 1_000)
+    wait_until(
+        lambda: (
+            consumers[0].get_watermark_offsets(  # type: ignore[attr-defined]
+                TopicPartition(topic, 0), cached=True
+            )[1]
+            == 6_000
+        ),
+        what="the log end known to the consumer",
+    )
+    assert consumers[0].assignment() == [TopicPartition(topic, 0)]  # type: ignore[attr-defined]
+    assert read(given, topic, 0, 1_000, 2_000) == expected(0, 1_000, 2_000)
+    assert reader.assignments == 1 and len(consumers) == 1
+    # A range a little further on (its partition's previous range went to another worker):
+    # read forward through the queue, the records before it skipped.
+    assert read(given, topic, 0, 2_900, 3_000) == expected(0, 2_900, 3_000)
+    assert reader.assignments == 1
+    # Further than its queue reaches, or behind it: read by other consumers (new ones while
+    # fewer than four are kept), and this one keeps its queue for the range after 3,000.
+    assert read(given, topic, 0, 4_500, 4_600) == expected(0, 4_500, 4_600)
+    assert read(given, topic, 0, 10, 20) == expected(0, 10, 20)
+    assert len(consumers) == 3 and (reader.position, reader.assignments) == (3_000, 1)
+    assert read(given, topic, 0, 3_000, 3_100) == expected(0, 3_000, 3_100)
+    assert len(consumers) == 3 and reader.assignments == 1
+
+
 def test_prefetch_follows_the_range_and_the_users_settings_win() -> None:
     from sdk.spark._consumers import sized
 
@@ -216,6 +472,8 @@ def test_prefetch_follows_the_range_and_the_users_settings_win() -> None:
     assert sized({}, 5_000)["queued.min.messages"] == "8192"
     assert sized({}, 10_000_000)["queued.min.messages"] == "131072"
     assert int(sized({}, 200)["queued.max.messages.kbytes"]) < 65_536  # librdkafka's default
+    # A queue that was full is filled again at once, not after a second.
+    assert sized({}, 200)["fetch.queue.backoff.ms"] == "10"
     user = {
         "queued.min.messages": "5",
         "fetch.max.bytes": "1000",
