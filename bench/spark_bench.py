@@ -130,7 +130,7 @@ class PrebuiltSource(DataSource):
         return "prebuilt-arrow"
 
     def schema(self) -> str:
-        from sdk.spark._stream import SCHEMA
+        from sdk.spark._source import SCHEMA
 
         return SCHEMA
 

@@ -112,7 +112,8 @@ from sdk.spark._plan import OffsetRange, kafka_ending_offsets
 from sdk.spark._progress import source_metrics
 from sdk.spark._session import local_session
 from sdk.spark._settings import NAME, SourceOptionError
-from sdk.spark._stream import GatedKafkaSource, GatedKafkaStreamReader
+from sdk.spark._source import GatedKafkaSource
+from sdk.spark._stream import GatedKafkaStreamReader
 
 __all__ = [
     "NAME",

@@ -9,8 +9,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from sdk.spark._bounds import ending, snapshot_watermark
 from sdk.spark._plan import tasks
+from sdk.spark._planner import KafkaPlanner
 from sdk.spark._read import read_task
-from sdk.spark._stream import KafkaPlanner
 
 
 class GatedKafkaBatchReader(KafkaPlanner, DataSourceReader):

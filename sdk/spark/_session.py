@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sdk.spark._settings import NAME
-from sdk.spark._stream import GatedKafkaSource
+from sdk.spark._source import GatedKafkaSource
 
 # local, local[4], local[*], local[4,2] (cores, task attempts); local-cluster[2,1,1024]
 # (workers, cores per worker, MiB per worker)
