@@ -33,18 +33,28 @@ producer might report an output altered), every record of the item with outputs 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sdk._shards import Entry
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError
 
-    from sdk._output import Outputs
-
 Source = tuple[str, int, int]
 """An input: topic, partition, offset."""
+
+
+class Reported(Protocol):
+    """Where an item's delivery reports go: the engine's producer of outputs
+    (:class:`~sdk._output.Outputs`)."""
+
+    transactional: bool
+    tracing: bool  # exactly once: records note where their outputs come from
+    settled: deque[Deliveries]  # at least once: items whose reports are all in
+
+    def break_transaction(self, sources: list[Source], why: str) -> None: ...
 
 
 class Deliveries:
@@ -59,7 +69,7 @@ class Deliveries:
 
     __slots__ = ("_calls", "_outputs", "errors", "expected", "item", "reports", "sent")
 
-    def __init__(self, outputs: Outputs) -> None:
+    def __init__(self, outputs: Reported) -> None:
         self._outputs = outputs
         # Each record's (or call's) index, what it was given and its outputs, appended by the
         # worker before they are produced. At least once: its entry (or the records of a

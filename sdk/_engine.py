@@ -27,10 +27,11 @@ from sdk import _collector
 from sdk._commits import Committer
 from sdk._core import WorkCore
 from sdk._dead_letters import DeadLetters
+from sdk._errors import EngineError
 from sdk._failures import FailurePolicy
 from sdk._gating import Gate
 from sdk._holds import Holds
-from sdk._loop import ConsumerLoop, EngineError
+from sdk._loop import ConsumerLoop
 from sdk._maps import OffsetMaps, choose_store
 from sdk._options import CONSUMER_ONLY, CommitMode, Options, OptionsError
 from sdk._output import Awaiting, Outputs

@@ -10,6 +10,7 @@ moved meanwhile: a dependency far behind that commits now and then still holds r
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Mapping
@@ -18,7 +19,8 @@ from typing import Any
 from sdk._core import TP, WorkCore
 from sdk._gating import Gate
 from sdk._runners import Latency
-from sdk._stats import log_hold
+
+log = logging.getLogger("sdk")
 
 
 class Holds:
@@ -72,3 +74,33 @@ class Holds:
                 name="gate-explain",
                 daemon=True,
             ).start()
+
+
+def log_hold(gate: Gate, tp: TP, offset: int, held_for: float) -> None:
+    """One line saying which dependency groups a held partition waits for."""
+    why = gate.explain(tp[0], tp[1], offset)
+    waiting = why.get("waiting_for")
+    if waiting:
+        detail = ", ".join(_behind(w) for w in waiting)
+    elif why["watermark"] is None:
+        detail = "a watermark (none yet: a dependency has not committed there, or no snapshot)"
+    else:
+        detail = f"the watermark to pass it (at {why['watermark']})"
+    log.warning(
+        "%s[%d]: records from offset %d held for %.0fs by gate %s: waiting for %s",
+        tp[0],
+        tp[1],
+        offset,
+        held_for,
+        gate.name,
+        detail,
+    )
+
+
+def _behind(waiting: dict[str, Any]) -> str:
+    """One dependency group a held record waits for, as :meth:`Gate.explain` gives it."""
+    if waiting.get("committed") is None:
+        return f"{waiting['group']} (no committed offset there)"
+    return (
+        f"{waiting['group']} (committed {waiting['committed']}, behind by {waiting['behind_by']})"
+    )

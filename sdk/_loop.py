@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from sdk import _stats
 from sdk._core import TP, Entry, WorkCore
+from sdk._errors import EngineError
 from sdk._output import Awaiting
 
 if TYPE_CHECKING:
@@ -47,10 +48,6 @@ _GIVE_BACK_EVERY = 0.1
 """Seconds between looks for stalled partitions that could give records back."""
 _MIN_WAIT = 0.001
 """The loop never blocks for less: a timer that is due but cannot be served must not spin."""
-
-
-class EngineError(RuntimeError):
-    """The consumer stopped because of an error it cannot recover from."""
 
 
 class ConsumerLoop:

@@ -4,7 +4,7 @@ from the live core, which belongs to the consumer's thread)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -16,8 +16,15 @@ from prometheus_client.registry import Collector
 
 from sdk._runners import LATENCY_BUCKETS
 
-if TYPE_CHECKING:
-    from sdk._engine import ParallelConsumer
+
+class Watched(Protocol):
+    """What the metrics read of a consumer (:class:`~sdk.ParallelConsumer`): its group and
+    its published stats snapshot."""
+
+    group: str
+
+    def stats(self) -> dict[str, Any]: ...
+
 
 _COUNTS = {
     "processed": "Records processed successfully.",
@@ -32,7 +39,7 @@ _COUNTS = {
 
 
 class EngineCollector(Collector):
-    def __init__(self, consumer: ParallelConsumer) -> None:
+    def __init__(self, consumer: Watched) -> None:
         self._consumer = consumer
 
     def collect(self) -> Iterator[Metric]:

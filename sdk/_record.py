@@ -13,15 +13,17 @@ record raise where the pure one returns the message's value.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
     from sdk._shards import Entry
 
 _UNSET: Any = object()
+# confluent_kafka.TIMESTAMP_NOT_AVAILABLE (a message without a timestamp), kept here so that a
+# record's model imports no client (tests/test_layout.py checks that the two agree).
+TIMESTAMP_NOT_AVAILABLE: Final = 0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -8,19 +8,39 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sdk._compiled import COMPILED
-from sdk._partition import TP
 
 if TYPE_CHECKING:
-    from sdk._engine import ParallelConsumer
+    from sdk._commits import Committer
+    from sdk._core import WorkCore
     from sdk._gating import Gate
+    from sdk._holds import Holds
+    from sdk._maps import OffsetMaps
+    from sdk._options import Options
+    from sdk._output import Outputs
+    from sdk._runners import Runner
 
 log = logging.getLogger("sdk")
 
 
-def snapshot(consumer: ParallelConsumer, now: float, wall: float) -> dict[str, Any]:
+class Published(Protocol):
+    """What a snapshot reads of the consumer (:class:`~sdk.ParallelConsumer`, on its own
+    thread): the state below it, never the consumer's API."""
+
+    options: Options
+    core: WorkCore
+    paused_by_user: bool
+    gate: Gate | None
+    _maps: OffsetMaps
+    _holds: Holds | None
+    _outputs: Outputs
+    _committer: Committer
+    _runner: Runner | None
+
+
+def snapshot(consumer: Published, now: float, wall: float) -> dict[str, Any]:
     """``now``: the core's clock; ``wall``: the wall clock (the snapshot's date)."""
     core = consumer.core
     partitions = {}
@@ -51,7 +71,7 @@ def snapshot(consumer: ParallelConsumer, now: float, wall: float) -> dict[str, A
     }
 
 
-def output_stats(consumer: ParallelConsumer) -> dict[str, Any]:
+def output_stats(consumer: Published) -> dict[str, Any]:
     """Outputs produced and failed; in transactional mode, the transactions too."""
     outputs = consumer._outputs
     found: dict[str, Any] = {
@@ -74,7 +94,7 @@ def output_stats(consumer: ParallelConsumer) -> dict[str, Any]:
     return found
 
 
-def latency(consumer: ParallelConsumer) -> tuple[list[int], float]:
+def latency(consumer: Published) -> tuple[list[int], float]:
     runner = consumer._runner
     if runner is None:
         return [], 0.0
@@ -101,33 +121,3 @@ def gate_stats(gate: Gate) -> dict[str, Any]:
             for s in gate.sources
         },
     }
-
-
-def log_hold(gate: Gate, tp: TP, offset: int, held_for: float) -> None:
-    """One line saying which dependency groups a held partition waits for."""
-    why = gate.explain(tp[0], tp[1], offset)
-    waiting = why.get("waiting_for")
-    if waiting:
-        detail = ", ".join(_behind(w) for w in waiting)
-    elif why["watermark"] is None:
-        detail = "a watermark (none yet: a dependency has not committed there, or no snapshot)"
-    else:
-        detail = f"the watermark to pass it (at {why['watermark']})"
-    log.warning(
-        "%s[%d]: records from offset %d held for %.0fs by gate %s: waiting for %s",
-        tp[0],
-        tp[1],
-        offset,
-        held_for,
-        gate.name,
-        detail,
-    )
-
-
-def _behind(waiting: dict[str, Any]) -> str:
-    """One dependency group a held record waits for, as :meth:`Gate.explain` gives it."""
-    if waiting.get("committed") is None:
-        return f"{waiting['group']} (no committed offset there)"
-    return (
-        f"{waiting['group']} (committed {waiting['committed']}, behind by {waiting['behind_by']})"
-    )

@@ -67,7 +67,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from sdk._commits import Committer
 from sdk._core import TP, WorkCore
-from sdk._loop import EngineError
+from sdk._errors import EngineError
 from sdk._maps import OffsetMaps
 from sdk._output import Outputs
 
