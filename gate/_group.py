@@ -94,6 +94,11 @@ class Track:
     stops committing is judged on its lag now once it has been silent for longer than the
     window and than twice its previous interval between commits (records keep arriving and it
     shows no progress); until then only STALLED can catch it.
+
+    Once lagging, it stays so while its trend holds (its lag after commits has not fallen)
+    and its oldest unprocessed record is older than half the threshold: that age, read at the
+    first poll after each commit, wavers by up to a poll interval, and a group falling behind
+    crosses the threshold once, not back and forth.
     """
 
     __slots__ = (
@@ -101,6 +106,7 @@ class Track:
         "end",
         "gap",
         "highest",
+        "judged_lagging",
         "moved_at",
         "rewound_at",
         "seen_moving",
@@ -122,6 +128,7 @@ class Track:
         self.end = end  # the end offset at the latest poll that knew it
         self.gap: float | None = None  # between its last two commits seen
         self.seen_moving = False  # its committed offset moved since it was first seen
+        self.judged_lagging = False  # lagging at the last judgement, its trend unbroken since
         # Its lag after each commit since that last fell, about one per eighth of the window:
         # the first one is the latest at or before the window's start. First seen, its lag
         # after its last commit was at most its lag now.
@@ -141,6 +148,7 @@ class Track:
         if committed < self.committed:
             self.rewound_at = now
             self.trend.clear()  # a rewind is a step, not a trend: judged afresh from here
+            self.judged_lagging = False
         elif committed > self.highest:
             self.highest = committed
         if self.seen_moving:
@@ -153,6 +161,7 @@ class Track:
         trend = self.trend
         if trend and lag < trend[-1][_LOW]:
             trend.clear()  # it fell for certain: the trend starts again
+            self.judged_lagging = False
         low = lag
         if self.end is not None:
             low = self.end - committed
@@ -168,9 +177,18 @@ class Track:
     def lagging(
         self, lag: int | None, seconds: float | None, now: float, window: float, threshold: float
     ) -> bool:
+        judged = self._lagging(lag, seconds, now, window, threshold)
+        self.judged_lagging = judged
+        return judged
+
+    def _lagging(
+        self, lag: int | None, seconds: float | None, now: float, window: float, threshold: float
+    ) -> bool:
         trend = self.trend
         if not trend:
             return False
+        if self.judged_lagging:
+            threshold /= 2  # (see the class's docstring)
         silent = now - self.moved_at
         gap = self.gap
         if lag is not None and gap is not None and silent > window and silent > 2 * gap:

@@ -492,6 +492,15 @@ cadences = st.builds(
 )
 
 
+def test_a_group_falling_behind_crosses_the_threshold_once() -> None:
+    """The age of its oldest unprocessed record, read at the first poll after each commit,
+    wavers by up to a poll interval around the threshold as it crosses it: the group turns
+    LAGGING once and stays so (before: LAGGING, OK, then LAGGING again, at 48 s)."""
+    cadence = Cadence(polls_every=11, commits_every=20, first_commit=7, per_tick=1)
+    seen = cadence.statuses(falling_behind(1, 0.796875), StatusPolicy(), ticks=4800)
+    assert lagging_for_good(seen)
+
+
 @settings(max_examples=60, deadline=None)
 @given(cadences, st.floats(0.2, 0.8), st.integers(0, 4000))
 def test_a_group_that_producers_outrun_ends_up_lagging(
