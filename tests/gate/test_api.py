@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gate import GateEvaluator, GateService, PollResult
+from gate import GateEvaluator, GateService, PollResult, _status_api
 from gate._api import create_app
 from gate._bodies import ServiceStatus
 from gate._status_bodies import GateHistoryBody, GateStatus
@@ -385,6 +385,41 @@ def test_status_explains_who_holds_each_partition(api: Harness) -> None:
     assert summary["verdict"]["state"] == "flowing"
     assert summary["verdict"]["records_waiting"] == (60 - 23) + (60 - 30) + (60 - 10)
     assert summary["verdict"]["text"].startswith("flowing: 117 records in transit")
+
+
+def test_a_gate_s_detail_is_built_off_the_event_loop(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/status/{gate}`` of a large gate takes a quarter of a second to build: ``/ready``
+    answers meanwhile (before: it waited for the build, which held the event loop)."""
+    api.publish(*ARTICLE)
+    building, finish = threading.Event(), threading.Event()
+    real = _status_api.gate_status
+
+    def slow(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        building.set()
+        finish.wait(20)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_status_api, "gate_status", slow)
+    answers: dict[str, Any] = {}
+    detail = threading.Thread(
+        target=lambda: answers.setdefault("detail", api.client.get("/status/service-a"))
+    )
+    detail.start()
+    try:
+        assert building.wait(10), "the detail was never built"
+        asking = threading.Thread(target=lambda: answers.setdefault("ready", ready(api, 0, 22)))
+        asking.start()
+        asking.join(10)
+        answered_meanwhile = "ready" in answers
+    finally:
+        finish.set()
+        detail.join(20)
+    assert answered_meanwhile, "/ready waited for a gate's detail to be built"
+    assert answers["ready"].status_code == 200
+    assert answers["detail"].status_code == 200
+    assert answers["detail"].json()["partition_count"] == 3
 
 
 def test_status_lists_the_groups_asked_for_on_each_partition(api: Harness) -> None:
