@@ -120,10 +120,11 @@ class StatusSettings(_Strict):
     history_step_ms: int = Field(default=5_000, ge=100)
     """One point of the status page's charts per step (15 minutes are kept)."""
     metrics_group_partitions_max: int = Field(default=10_000, ge=0)
-    """A gate's series per dependency group and partition (committed offset, lag, lag in
-    seconds, commit age, status) are exposed while its groups x partitions are at most this;
-    beyond, its groups' series over all partitions alone (1,000 groups on 64 partitions
-    would be 320,000 series, 28 MB a scrape)."""
+    """The series per dependency group and partition (committed offset, lag, lag in seconds,
+    commit age, status) are exposed for at most this many groups x partitions over the whole
+    service: each gate, in the configuration's order, has them while its groups x partitions
+    fit in what is left; beyond, its groups' series over all partitions alone (1,000 groups
+    on 64 partitions would be 320,000 series, 28 MB a scrape)."""
 
     def policy(self) -> StatusPolicy:
         return StatusPolicy(

@@ -1,10 +1,11 @@
 """Prometheus metrics of the gate.
 
 Per-partition gauges are produced at scrape time from the latest gate states (a custom
-collector), so a poll costs nothing extra however many groups and partitions are watched. A
-gate's series per group and partition are exposed up to
-``status.metrics_group_partitions_max`` of them; its groups' series over all partitions
-always are.
+collector), so a poll costs nothing extra however many groups and partitions are watched. The
+series per group and partition are exposed for at most
+``status.metrics_group_partitions_max`` groups x partitions over the whole service: gates in
+the configuration's order have theirs while they fit in what is left; every gate's groups'
+series over all partitions always are.
 """
 
 from __future__ import annotations
@@ -132,20 +133,23 @@ class _StateCollector(Collector):
         self._limited: set[str] = set()
         """Gates whose series per group and partition are left out (logged once each time)."""
 
-    def _say_when_limited(self, gate: str, pairs: int, limit: int) -> None:
+    def _say_when_limited(self, gate: str, pairs: int, left: int, limit: int) -> None:
         """Log when a gate's series per group and partition go (and come back): dashboards
         built on them see them absent."""
-        if pairs > limit and gate not in self._limited:
+        if pairs > left and gate not in self._limited:
             self._limited.add(gate)
             log.warning(
-                "gate %s: %d groups x partitions exceed status.metrics_group_partitions_max "
-                "(%d): its metrics per group and partition are left out, its groups' series "
-                "over all partitions stay (gate_group_partition_series is 0)",
+                "gate %s: its %d groups x partitions exceed what is left (%d) of "
+                "status.metrics_group_partitions_max (%d for the whole service, the gates "
+                "before it in the configuration first): its metrics per group and partition "
+                "are left out, its groups' series over all partitions stay "
+                "(gate_group_partition_series is 0)",
                 gate,
                 pairs,
+                left,
                 limit,
             )
-        elif pairs <= limit and gate in self._limited:
+        elif pairs <= left and gate in self._limited:
             self._limited.discard(gate)
             log.info("gate %s: its metrics per group and partition are exposed again", gate)
 
@@ -217,7 +221,8 @@ class _StateCollector(Collector):
         detailed = GaugeMetricFamily(
             "gate_group_partition_series",
             "1 when the gate's series per group and partition are exposed; 0 when its groups "
-            "x partitions exceed status.metrics_group_partitions_max.",
+            "x partitions exceed what is left of status.metrics_group_partitions_max (for the "
+            "whole service, gates in the configuration's order).",
             labels=["gate"],
         )
         group_status = GaugeMetricFamily(
@@ -248,14 +253,17 @@ class _StateCollector(Collector):
             "gate_snapshot_age_seconds", "Age of the latest snapshot.", labels=["gate"]
         )
         limit = service.config.status.metrics_group_partitions_max
+        left = limit  # for the whole service: the gates in the configuration's order first
         for name in service.store.gates:
             state = service.store.latest(name)
             if state is None:
                 continue
             pairs = len(state.groups) * len(state.partitions)
-            per_partition = pairs <= limit
+            per_partition = pairs <= left
             detailed.add_metric([name], int(per_partition))
-            self._say_when_limited(name, pairs, limit)
+            self._say_when_limited(name, pairs, left, limit)
+            if per_partition:
+                left -= pairs
             now = state.now(time.monotonic(), time.time())  # ages: the time that passed
             version.add_metric([name], state.version)
             age.add_metric([name], max(0.0, now - state.snapshot.polled_at))

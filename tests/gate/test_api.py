@@ -343,7 +343,7 @@ def test_beyond_the_limit_a_gate_s_groups_have_series_over_all_partitions_alone(
         text = harness.client.get("/metrics").text
         harness.client.get("/metrics")
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
-    assert warning.startswith("gate service-a: 6 groups x partitions exceed")
+    assert warning.startswith("gate service-a: its 6 groups x partitions exceed what is left (5)")
     assert series(text, "gate_group_partition_series") == {'{gate="service-a"}': 0.0}
     for name in PER_GROUP_AND_PARTITION:
         assert series(text, name) == {}, name
@@ -356,6 +356,45 @@ def test_beyond_the_limit_a_gate_s_groups_have_series_over_all_partitions_alone(
     }
     assert 'gate_dependency_status{gate="service-a",group="CG-B",status="MISSING"} 1.0' in text
     assert 'gate_watermark{gate="service-a",partition="0",topic="payments"} 23.0' in text
+
+
+def test_the_series_limit_is_the_whole_service_s_gates_first_in_the_configuration_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two gates of 2 groups x 3 partitions and a limit of 8 for the service: the first
+    gate in the configuration has its series per group and partition, the second not (6 of
+    8 used); both keep their groups' series over all partitions (before: the limit was per
+    gate, and a fleet of small gates had no bound)."""
+    spec = {"topics": ["payments"], "depends_on": ["CG-B", "CG-C"]}
+    service = GateService(
+        gate_config(
+            "127.0.0.1:1",
+            {"service-a": spec, "service-d": spec},
+            http={"host": "127.0.0.1", "port": 0},
+            status={"metrics_group_partitions_max": 8},
+        )
+    )
+    client = TestClient(create_app(service, manage_service=False))
+    with client, caplog.at_level(logging.WARNING, "gate.metrics"):
+        for gate in ("service-a", "service-d"):
+            evaluator = GateEvaluator(gate, ["payments"], ["CG-B", "CG-C"])
+            state = evaluator.observe(poll(time.time(), *ARTICLE))
+            client.portal.call(service.store.update, state)
+        service.answered_at = time.monotonic()
+        text = client.get("/metrics").text
+    assert series(text, "gate_group_partition_series") == {
+        '{gate="service-a"}': 1.0,
+        '{gate="service-d"}': 0.0,
+    }
+    committed = series(text, "gate_committed_offset")
+    assert len(committed) == 6 and all('gate="service-a"' in labels for labels in committed)
+    assert set(series(text, "gate_dependency_group_lag_seconds")) == {
+        f'{{gate="{gate}",group="{group}"}}'
+        for gate in ("service-a", "service-d")
+        for group in ("CG-B", "CG-C")
+    }
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
+    assert "gate service-d" in warning and "what is left (2)" in warning
 
 
 def test_metrics_have_build_info_and_no_created_series(api: Harness) -> None:
