@@ -98,6 +98,20 @@ def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:
     }
 
 
+def wait_answering(url: str, server: subprocess.Popen[Any], timeout: float) -> None:
+    """Until ``url`` answers 200; exits if the benchmark's ``server`` process ended first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            raise SystemExit("the benchmark server did not come up")
+        time.sleep(0.1)
+
+
 @contextmanager
 def gate_server(
     bootstrap: str, gates: dict[str, tuple[str, list[str]]], **settings: Any
@@ -128,16 +142,7 @@ def gate_server(
         )
         try:
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(f"{base}/watermarks/a", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the benchmark server did not come up")
-                time.sleep(0.1)
+            wait_answering(f"{base}/watermarks/a", server, 120)
             yield base
         finally:
             server.terminate()

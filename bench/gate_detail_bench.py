@@ -26,6 +26,7 @@ import httpx
 import uvicorn
 
 from bench._report import console, percentile, table, write
+from bench.gate_bench import synthetic_poll, wait_answering
 from gate import GateEvaluator, GateService
 from gate._api import create_app
 from gate._config import GateConfig
@@ -47,8 +48,6 @@ def names(groups: int) -> list[str]:
 
 def serve(port: int, groups: int, partitions: int) -> None:
     """The server process: the gate's API over a state built in memory."""
-    from bench.gate_bench import synthetic_poll
-
     dependencies = names(groups)
     config = GateConfig.model_validate(
         {
@@ -126,16 +125,7 @@ def main() -> None:
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the benchmark server did not come up")
-            time.sleep(0.2)
+        wait_answering(f"{base}/healthz", server, 300)
         found: dict[str, Any] = {"before": measure(base, args.seconds, None)}
         for name, path in OTHERS.items():
             found[name] = measure(base, args.seconds, path)

@@ -843,13 +843,7 @@ def test_an_output_whose_delivery_timed_out_is_never_committed_by_a_later_transa
     is visible once (before: the late output and its input's second run were both
     committed)."""
     shell = transactional_shell()
-    shell.cluster.produce(0, [b"a", b"b"])
-    shell.turn(2)
-    for item in shell.running():
-        shell.run(item)
-    shell.turn()
-    first = shell.engine.output_producer
-    assert first is not None
+    first = shell.in_open_transaction([b"a", b"b"])
     first.deliver([True, False])  # the second output's delivery timed out
     shell.turn(seconds=0.2)  # the commit is due: it aborts
     assert shell.engine._committer.aborted == 1
