@@ -49,10 +49,11 @@ from rich.progress import Progress, track
 
 from bench._report import console, table, write
 from gate._local import BROKERS
-from sdk import Options, Ordering, ParallelConsumer, _collector
-from sdk._compiled import COMPILED, PURE_ENV, PURE_REASON
-from sdk._core import WorkCore
-from sdk._shards import ItemShape
+from sdk import Options, Ordering, ParallelConsumer
+from sdk.consumer import _collector
+from sdk.engine._compiled import COMPILED, PURE_ENV, PURE_REASON
+from sdk.engine._core import WorkCore
+from sdk.engine._shards import ItemShape
 
 # The Java library's README, same workload (10,000 records, 0-5 ms, concurrency 100).
 JAVA_FIGURES = {

@@ -61,7 +61,7 @@ from bench._quix import QuixPeer
 from bench._report import console, summary_ms, table, write
 from gate._local import BROKERS
 from sdk import CommitMode, Options
-from sdk._compiled import COMPILED, PURE_REASON
+from sdk.engine._compiled import COMPILED, PURE_REASON
 
 WORKLOADS = {
     "consumer": Workload("at least once, no-op handler", False, None, 0.6, 2.0),

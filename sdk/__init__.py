@@ -25,45 +25,44 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-import sdk._compiled  # noqa: F401 - chooses the compiled or the pure core first
+import sdk.engine._compiled  # noqa: F401 - chooses the compiled or the pure core first
 
 # The public names, imported on first use: importing ``sdk.spark`` on a Spark executor does not
 # load the engine.
 _WHERE = {
-    "EngineError": "sdk._engine",
-    "ParallelConsumer": "sdk._engine",
-    "stop_on_signals": "sdk._engine",
-    "DecodeError": "sdk._failures",
-    "RetriableError": "sdk._failures",
-    "TerminalError": "sdk._failures",
-    "Gate": "sdk._gating",
-    "GateTimeout": "sdk._gating",
-    "gated": "sdk._gating",
-    "OffsetMapError": "sdk._offsets",
-    "decode_offset_map": "sdk._offsets",
-    "encode_offset_map": "sdk._offsets",
-    "CommitMode": "sdk._options",
-    "ExponentialBackoff": "sdk._options",
-    "Hooks": "sdk._options",
-    "Options": "sdk._options",
-    "OptionsError": "sdk._options",
-    "Ordering": "sdk._options",
-    "Output": "sdk._output",
-    "ProduceError": "sdk._output",
-    "Record": "sdk._record",
-    "EmbeddedSource": "sdk._sources",
-    "HttpSource": "sdk._sources",
-    "RedisSource": "sdk._sources",
-    "GateError": "sdk._view",
-    "WatermarkSource": "sdk._view",
+    "EngineError": "sdk.consumer._parallel",
+    "ParallelConsumer": "sdk.consumer._parallel",
+    "stop_on_signals": "sdk.consumer._parallel",
+    "DecodeError": "sdk.engine._failures",
+    "RetriableError": "sdk.engine._failures",
+    "TerminalError": "sdk.engine._failures",
+    "Gate": "sdk.gating._gating",
+    "GateTimeout": "sdk.gating._gating",
+    "gated": "sdk.gating._gating",
+    "OffsetMapError": "sdk.engine._offsets",
+    "decode_offset_map": "sdk.engine._offsets",
+    "encode_offset_map": "sdk.engine._offsets",
+    "CommitMode": "sdk.engine._options",
+    "ExponentialBackoff": "sdk.engine._options",
+    "Hooks": "sdk.engine._options",
+    "Options": "sdk.engine._options",
+    "OptionsError": "sdk.engine._options",
+    "Ordering": "sdk.engine._options",
+    "Output": "sdk.produce._output",
+    "ProduceError": "sdk.produce._output",
+    "Record": "sdk.engine._record",
+    "EmbeddedSource": "sdk.gating._sources",
+    "HttpSource": "sdk.gating._sources",
+    "RedisSource": "sdk.gating._sources",
+    "GateError": "sdk.gating._view",
+    "WatermarkSource": "sdk.gating._view",
 }
 
 if TYPE_CHECKING:
-    from sdk._engine import EngineError, ParallelConsumer, stop_on_signals
-    from sdk._failures import DecodeError, RetriableError, TerminalError
-    from sdk._gating import Gate, GateTimeout, gated
-    from sdk._offsets import OffsetMapError, decode_offset_map, encode_offset_map
-    from sdk._options import (
+    from sdk.consumer._parallel import EngineError, ParallelConsumer, stop_on_signals
+    from sdk.engine._failures import DecodeError, RetriableError, TerminalError
+    from sdk.engine._offsets import OffsetMapError, decode_offset_map, encode_offset_map
+    from sdk.engine._options import (
         CommitMode,
         ExponentialBackoff,
         Hooks,
@@ -71,10 +70,11 @@ if TYPE_CHECKING:
         OptionsError,
         Ordering,
     )
-    from sdk._output import Output, ProduceError
-    from sdk._record import Record
-    from sdk._sources import EmbeddedSource, HttpSource, RedisSource
-    from sdk._view import GateError, WatermarkSource
+    from sdk.engine._record import Record
+    from sdk.gating._gating import Gate, GateTimeout, gated
+    from sdk.gating._sources import EmbeddedSource, HttpSource, RedisSource
+    from sdk.gating._view import GateError, WatermarkSource
+    from sdk.produce._output import Output, ProduceError
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from pyspark.sql.streaming import StreamingQueryListener
 
-from sdk._options import CONSUMER_ONLY
+from sdk.engine._options import CONSUMER_ONLY
 from sdk.spark._settings import LOG
 
 log = logging.getLogger("sdk.spark")

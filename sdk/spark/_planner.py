@@ -183,8 +183,8 @@ class KafkaPlanner:
             gate.stop()
             gate = self._gate = None
         if gate is None:
-            from sdk._gating import Gate
-            from sdk._sources import EmbeddedSource, HttpSource, RedisSource
+            from sdk.gating._gating import Gate
+            from sdk.gating._sources import EmbeddedSource, HttpSource, RedisSource
 
             settings = self.settings
             sources: list[Any] = []

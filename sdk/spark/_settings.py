@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import Consumer, IsolationLevel, KafkaException
 
 from gate import KafkaLog
-from sdk._options import CONSUMER_ONLY
+from sdk.engine._options import CONSUMER_ONLY
 
 LOG = KafkaLog("sdk.spark.kafka")
 NAME = "gated-kafka"

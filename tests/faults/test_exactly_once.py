@@ -44,7 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from gate._local import LocalBroker
 from sdk import CommitMode, Hooks, Options, Ordering, Output, Record
-from sdk._offsets import OffsetMapError, encode_offset_map, read_offset_map
+from sdk.engine._offsets import OffsetMapError, encode_offset_map, read_offset_map
 from tests.sdk.engine_support import start_engine
 from tests.support import Broker, Kafka, unique, wait_until
 

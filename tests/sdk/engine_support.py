@@ -139,7 +139,7 @@ class FedSource:
     """A watermark source the test feeds."""
 
     def __init__(self) -> None:
-        from sdk._view import SourceState
+        from sdk.gating._view import SourceState
 
         self.state = SourceState("fed")
         self.view = None

@@ -44,15 +44,15 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from gate._watermark import Snapshot
 from sdk import Gate, Options, ParallelConsumer
-from sdk._core import NOT_STARTED
-from sdk._failures import FailurePolicy
-from sdk._maps import OffsetMaps
-from sdk._output import Awaiting, Outputs
-from sdk._record import Record
-from sdk._runners import Work
-from sdk._shards import Entry, Item
-from sdk._transactions import TransactionalCommitter
-from sdk._view import SourceState
+from sdk.consumer._maps import OffsetMaps
+from sdk.consumer._runners import Work
+from sdk.consumer._transactions import TransactionalCommitter
+from sdk.engine._core import NOT_STARTED
+from sdk.engine._failures import FailurePolicy
+from sdk.engine._record import Record
+from sdk.engine._shards import Entry, Item
+from sdk.gating._view import SourceState
+from sdk.produce._output import Awaiting, Outputs
 
 TP = tuple[str, int]
 

@@ -27,11 +27,11 @@ import numpy  # installed with the dev extra (pandas needs it); no dependency of
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
-import sdk._compiled
+import sdk.engine._compiled
 from gate._watermark import Snapshot, SnapshotError
 from sdk import Gate, Options, Ordering, ParallelConsumer, Record
-from sdk._compiled import CORE, DIGESTS, PURE_ENV, source_digests, why_pure
-from sdk._view import SourceState, WatermarkView, plain_snapshot
+from sdk.engine._compiled import CORE, DIGESTS, PURE_ENV, source_digests, why_pure
+from sdk.gating._view import SourceState, WatermarkView, plain_snapshot
 from tests.sdk.engine_support import FedSource
 from tests.support import Kafka, unique, wait_until
 
@@ -102,7 +102,7 @@ def in_core(core: str, check: str, *args: Any) -> dict[str, Any]:
 
 
 def running_core() -> str:
-    return "compiled" if sdk._compiled.COMPILED else "pure"
+    return "compiled" if sdk.engine._compiled.COMPILED else "pure"
 
 
 # ---- records over message-like objects ------------------------------------------------------

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sdk import Options, OptionsError, ParallelConsumer, _collector
+from sdk import Options, OptionsError, ParallelConsumer
+from sdk.consumer import _collector
 from tests.support import Kafka, unique, wait_until
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import sdk._compiled as compiled
-import sdk._core
-from sdk._compiled import CORE, PURE_ENV, why_pure
+import sdk.engine._compiled as compiled
+import sdk.engine._core
+from sdk.engine._compiled import CORE, PURE_ENV, why_pure
 
 ROOT = Path(__file__).resolve().parents[2]
 SDK = ROOT / "sdk"
@@ -26,7 +26,7 @@ def test_the_compiled_core_runs_when_the_install_built_it() -> None:
         pytest.skip(f"the pure-Python core runs here: {compiled.PURE_REASON}")
     assert compiled.PURE_REASON is None
     assert compiled.COMPILED
-    assert sdk._core.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    assert sdk.engine._core.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
 
 
 def test_the_build_compiles_exactly_the_modules_the_package_checks() -> None:
@@ -60,7 +60,7 @@ def _which_core(package_root: Path, pure: bool = False) -> subprocess.CompletedP
         [
             sys.executable,
             "-c",
-            "import sdk._compiled as c, sdk._core as k, sdk._shards as s;"
+            "import sdk.engine._compiled as c, sdk.engine._core as k, sdk.engine._shards as s;"
             "print(c.PURE_REASON); print(k.__file__); print(s.__file__)",
         ],
         cwd=package_root,
@@ -86,7 +86,7 @@ def test_a_core_source_edited_after_the_build_runs_pure_and_says_so(
     reason, core, shards = unchanged.stdout.split()
     assert (reason, Path(core).suffix, Path(shards).suffix) == ("None", ".so", ".so")
 
-    with (copy_of_the_package / "sdk" / "_core.py").open("a") as source:
+    with (copy_of_the_package / "sdk" / "engine" / "_core.py").open("a") as source:
         source.write("\n# edited\n")
     edited = _which_core(copy_of_the_package)
     lines = edited.stdout.splitlines()

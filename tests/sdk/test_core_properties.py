@@ -27,14 +27,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sdk._core import NOT_STARTED, Item, ItemShape, WorkCore
-from sdk._failures import SKIP, Decision, FailurePolicy, TerminalError
-from sdk._offsets import decode_offset_map, read_offset_map
-from sdk._options import Options, Ordering
-from sdk._partition import Counts, PartitionState
-from sdk._record import Record
-from sdk._runners import Work
-from sdk._shards import BLOCKED, DEAD, IDLE, READY, RUNNING, STUCK, WAITING, Entry, Shard
+from sdk.consumer._runners import Work
+from sdk.engine._core import NOT_STARTED, Item, ItemShape, WorkCore
+from sdk.engine._failures import SKIP, Decision, FailurePolicy, TerminalError
+from sdk.engine._offsets import decode_offset_map, read_offset_map
+from sdk.engine._options import Options, Ordering
+from sdk.engine._partition import Counts, PartitionState
+from sdk.engine._record import Record
+from sdk.engine._shards import BLOCKED, DEAD, IDLE, READY, RUNNING, STUCK, WAITING, Entry, Shard
 
 TOPIC = "t"
 

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sdk import Output
-from sdk._deliveries import Awaiting, Deliveries
-from sdk._output import Outputs
+from sdk.produce._deliveries import Awaiting, Deliveries
+from sdk.produce._output import Outputs
 
 
 class _Error:

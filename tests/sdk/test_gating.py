@@ -17,7 +17,7 @@ from gate._local import LocalRedis, free_port
 from gate._redis import snapshot_fields
 from gate._serve import ServedGate
 from sdk import EmbeddedSource, Gate, GateError, GateTimeout, HttpSource, RedisSource, gated
-from sdk._view import SourceState, WatermarkView
+from sdk.gating._view import SourceState, WatermarkView
 from tests.support import Kafka, gate_config, unique, wait_until
 
 

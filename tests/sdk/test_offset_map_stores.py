@@ -9,8 +9,8 @@ from confluent_kafka import TopicPartition
 
 from gate._local import LocalRedis
 from sdk import Options
-from sdk._maps import OffsetMaps, choose_store
-from sdk._offsets import encode_offset_map
+from sdk.consumer._maps import OffsetMaps, choose_store
+from sdk.engine._offsets import encode_offset_map
 
 
 class CountingClient:

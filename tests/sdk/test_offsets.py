@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdk._offsets import MAX_METADATA_BYTES, OffsetMapError, decode_offset_map, encode_offset_map
+from sdk.engine._offsets import (
+    MAX_METADATA_BYTES,
+    OffsetMapError,
+    decode_offset_map,
+    encode_offset_map,
+)
 
 bases = st.integers(0, 2**62)
 

@@ -9,8 +9,8 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from sdk import CommitMode, Options, Output
-from sdk._failures import TerminalError
-from sdk._shards import Entry
+from sdk.engine._failures import TerminalError
+from sdk.engine._shards import Entry
 from tests.sdk.simulated import OUTPUT_PARTITIONS
 from tests.sdk.test_shell_regressions import OUT, Shell, transactional_shell
 

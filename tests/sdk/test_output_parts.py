@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from sdk import Output
-from sdk._output import TransactionLock, outputs_of
+from sdk.produce._output import TransactionLock, outputs_of
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from sdk import (
     RetriableError,
     decode_offset_map,
 )
-from sdk._transactions import TransactionError
+from sdk.consumer._transactions import TransactionError
 from tests.sdk.engine_support import CONSUMER, start_engine, wait_committed
 from tests.sdk.gating_support import DependencyService, Starts, violations
 from tests.support import Kafka, unique, wait_until
@@ -1005,7 +1005,7 @@ def test_a_broker_outage_longer_than_the_transaction_calls_does_not_stop_the_con
     outage does with the default timeout); once the broker answers, every input's output is
     committed once."""
     skip_if_aborted_records_show(kafka)
-    monkeypatch.setattr("sdk._transactions.TIMEOUT", 2.0)
+    monkeypatch.setattr("sdk.consumer._transactions.TIMEOUT", 2.0)
     local_broker: LocalBroker = request.getfixturevalue("local_broker")
     bootstrap = local_broker.bootstrap
     own = Kafka(bootstrap, kafka.broker)

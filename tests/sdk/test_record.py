@@ -9,9 +9,9 @@ from typing import Any
 from confluent_kafka import Message
 
 from sdk import Record
-from sdk._partition import Counts, PartitionState
-from sdk._record import batch_records
-from sdk._shards import Entry, Shard
+from sdk.engine._partition import Counts, PartitionState
+from sdk.engine._record import batch_records
+from sdk.engine._shards import Entry, Shard
 
 TP = ("orders", 3)
 

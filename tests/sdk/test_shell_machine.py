@@ -80,10 +80,10 @@ from hypothesis.stateful import (
 
 from gate._watermark import Snapshot
 from sdk import CommitMode, Gate, Options, Ordering, Output, RetriableError, TerminalError
-from sdk._offsets import encode_offset_map, parse_base, read_offset_map
-from sdk._partition import PAUSED, WINDOW_SHARES
-from sdk._shards import Entry, Item
-from sdk._transactions import TransactionError
+from sdk.consumer._transactions import TransactionError
+from sdk.engine._offsets import encode_offset_map, parse_base, read_offset_map
+from sdk.engine._partition import PAUSED, WINDOW_SHARES
+from sdk.engine._shards import Entry, Item
 from tests.sdk.simulated import (
     FAILURES,
     OUTPUT_PARTITIONS,

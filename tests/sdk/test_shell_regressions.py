@@ -22,13 +22,13 @@ from sdk import (
     RetriableError,
     TerminalError,
 )
-from sdk._core import NOT_STARTED
-from sdk._failures import DecodeError
-from sdk._offsets import _varints, encode_offset_map, read_offset_map
-from sdk._options import OptionsError
-from sdk._runners import AsyncRunner, Work
-from sdk._shards import Entry, Item
-from sdk._transactions import TransactionError
+from sdk.consumer._runners import AsyncRunner, Work
+from sdk.consumer._transactions import TransactionError
+from sdk.engine._core import NOT_STARTED
+from sdk.engine._failures import DecodeError
+from sdk.engine._offsets import _varints, encode_offset_map, read_offset_map
+from sdk.engine._options import OptionsError
+from sdk.engine._shards import Entry, Item
 from tests.sdk.simulated import (
     Clock,
     Cluster,
@@ -315,7 +315,7 @@ def test_a_poison_head_holds_back_its_own_key_only_within_the_buffer_and_the_win
     failing head keep only their offsets. Records in memory stay within the buffer; the
     offsets completed behind the head are bounded by the window (``WINDOW_SHARES`` shares),
     where the partition pauses, saying why."""
-    from sdk._partition import WINDOW_SHARES
+    from sdk.engine._partition import WINDOW_SHARES
 
     shell = Shell(Options(ordering=Ordering.KEY, max_buffered=50, commit_interval=0.01))
     others = WINDOW_SHARES * 50 + 200
@@ -341,7 +341,7 @@ def test_a_poison_head_holds_back_its_own_key_only_within_the_buffer_and_the_win
 
 
 def _count_encodes() -> Any:
-    import sdk._partition as partition
+    import sdk.engine._partition as partition
 
     original = partition.encode_offset_map
     calls = [0]
@@ -356,7 +356,7 @@ def _count_encodes() -> Any:
 
 @pytest.fixture(autouse=True)
 def _restore_encoder() -> Any:
-    import sdk._partition as partition
+    import sdk.engine._partition as partition
 
     original = partition.encode_offset_map
     yield
@@ -394,7 +394,7 @@ def test_a_huge_restored_offset_map_is_committed_again_from_its_ranges() -> None
     one range) commits a map that keeps them, built from the range: the map's encoding is
     never handed the offsets one by one (a map describing millions of offsets costs only its
     runs)."""
-    import sdk._partition as partition
+    import sdk.engine._partition as partition
 
     original = partition.encode_offset_map
     largest = [0]
@@ -486,8 +486,8 @@ def test_a_due_retry_with_every_worker_busy_does_not_spin() -> None:
 
 
 def _entry(offset: int) -> Entry:
-    from sdk._partition import Counts, PartitionState
-    from sdk._shards import Shard
+    from sdk.engine._partition import Counts, PartitionState
+    from sdk.engine._shards import Shard
     from tests.sdk.simulated import SimMessage
 
     part = PartitionState(TP0, None, [], Counts(), 0.0)

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sdk import Options, Ordering
-from sdk._sizing import FULL_ITEM_SECONDS, ITEM_SECONDS, ItemSizer
+from sdk.engine._sizing import FULL_ITEM_SECONDS, ITEM_SECONDS, ItemSizer
 
 
 def timed(options: Options, seconds_per_record: float) -> ItemSizer:

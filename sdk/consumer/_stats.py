@@ -10,17 +10,17 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sdk._compiled import COMPILED
+from sdk.engine._compiled import COMPILED
 
 if TYPE_CHECKING:
-    from sdk._commits import Committer
-    from sdk._core import WorkCore
-    from sdk._gating import Gate
-    from sdk._holds import Holds
-    from sdk._maps import OffsetMaps
-    from sdk._options import Options
-    from sdk._output import Outputs
-    from sdk._runners import Runner
+    from sdk.consumer._commits import Committer
+    from sdk.consumer._holds import Holds
+    from sdk.consumer._maps import OffsetMaps
+    from sdk.consumer._runners import Runner
+    from sdk.engine._core import WorkCore
+    from sdk.engine._options import Options
+    from sdk.gating._gating import Gate
+    from sdk.produce._output import Outputs
 
 log = logging.getLogger("sdk")
 

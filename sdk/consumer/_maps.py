@@ -6,7 +6,7 @@ nowhere (``none``: plain replay from the committed offset).
 
 Reading maps back happens inside the assign callback, so it is bounded and never raises: a
 map is used only if it was written for exactly the committed offset found (checked before
-anything is decoded), decoding is bounded (:func:`~sdk._offsets.read_offset_map`), Redis is
+anything is decoded), decoding is bounded (:func:`~sdk.engine._offsets.read_offset_map`), Redis is
 asked once per assignment for all partitions with a short timeout, and after a Redis failure
 it is not asked again for a while. Whatever goes wrong, the partition replays from its
 committed offset: duplicates, never a loss.
@@ -23,9 +23,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from gate import KafkaLog
-from sdk._offsets import OffsetMapError, Ranges, parse_base, read_offset_map
-from sdk._options import CONSUMER_ONLY, Options
-from sdk._partition import TP
+from sdk.engine._offsets import OffsetMapError, Ranges, parse_base, read_offset_map
+from sdk.engine._options import CONSUMER_ONLY, Options
+from sdk.engine._partition import TP
 
 log = logging.getLogger("sdk")
 

@@ -10,7 +10,7 @@ they go back to their shard and wait, in order). Records it did not get to (they
 item after its last look, or the runner closed) have no result: the core counts them as not
 started.
 
-What a worker does with an item is :class:`~sdk._work.Work`'s (the asynchronous runner
+What a worker does with an item is :class:`~sdk.consumer._work.Work`'s (the asynchronous runner
 follows the same steps, awaiting coroutine handlers).
 """
 
@@ -28,10 +28,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sdk._deliveries import Awaiting, Deliveries
-from sdk._record import Record
-from sdk._shards import NOT_STARTED, Entry, Item
-from sdk._work import BREAKS_BEFORE_HOLDING, Work, forget_frames
+from sdk.consumer._work import BREAKS_BEFORE_HOLDING, Work, forget_frames
+from sdk.engine._record import Record
+from sdk.engine._shards import NOT_STARTED, Entry, Item
+from sdk.produce._deliveries import Awaiting, Deliveries
 
 __all__ = [
     "BREAKS_BEFORE_HOLDING",
@@ -263,7 +263,7 @@ class AsyncRunner:
 
     async def _run_single(self, item: Item, results: list[Any]) -> list[Any]:
         """Appends one result per record to ``results`` as it goes (returned as
-        :class:`~sdk._output.Awaiting` when outputs wait for acknowledgements)."""
+        :class:`~sdk.produce._output.Awaiting` when outputs wait for acknowledgements)."""
         work = self.work
         stopped: set[object] = set()
         failed = False

@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from sdk._core import TP, WorkCore
-from sdk._gating import Gate
-from sdk._runners import Latency
+from sdk.consumer._runners import Latency
+from sdk.engine._core import TP, WorkCore
+from sdk.gating._gating import Gate
 
 log = logging.getLogger("sdk")
 

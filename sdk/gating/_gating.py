@@ -1,6 +1,6 @@
 """Dependency gating on the client: a :class:`Gate` follows one gate's watermarks from one
-or more sources (``sdk._sources``) through one view (``sdk._view``), tells whether records
-are released, and waits for them; :func:`gated` wraps a plain handler.
+or more sources (``sdk.gating._sources``) through one view (``sdk.gating._view``), tells whether
+records are released, and waits for them; :func:`gated` wraps a plain handler.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gate import Snapshot
-from sdk._view import GateError, WatermarkSource, WatermarkView
+from sdk.gating._view import GateError, WatermarkSource, WatermarkView
 
 log = logging.getLogger("sdk.gate")
 

@@ -14,7 +14,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sdk._runners import LATENCY_BUCKETS
+from sdk.consumer._runners import LATENCY_BUCKETS
 
 
 class Watched(Protocol):

@@ -1,6 +1,6 @@
 """Committing: the offsets the core allows, with their offset maps, and what came of it.
 
-The core decides what may be committed (:meth:`~sdk._core.WorkCore.commit_points`); the
+The core decides what may be committed (:meth:`~sdk.engine._core.WorkCore.commit_points`); the
 committer sends it (asynchronously in the loop, synchronously on revoke and close), tells the
 core what was handed out and what failed (to be sent again), keeps the offset maps in their
 store, and reports successful commits to the ``on_commit`` hook.
@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from sdk._core import TP, WorkCore
-from sdk._maps import OffsetMaps
+from sdk.consumer._maps import OffsetMaps
+from sdk.engine._core import TP, WorkCore
 
 log = logging.getLogger("sdk")
 

@@ -1,6 +1,6 @@
 """What handlers receive: a :class:`Record` for each Kafka record.
 
-Part of the engine's compiled core (see ``sdk._compiled``): a worker builds one record per
+Part of the engine's compiled core (see ``sdk.engine._compiled``): a worker builds one record per
 record it runs, so building one must cost next to nothing (compiled, building a batch's
 records costs about a third of what pure Python does).
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
-    from sdk._shards import Entry
+    from sdk.engine._shards import Entry
 
 _UNSET: Any = object()
 # confluent_kafka.TIMESTAMP_NOT_AVAILABLE (a message without a timestamp), kept here so that a

@@ -19,8 +19,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from sdk._options import Options
-from sdk._shards import ItemShape
+from sdk.engine._options import Options
+from sdk.engine._shards import ItemShape
 
 FULL_ITEM_SECONDS = 0.01
 """Handlers that run a full item within this are fast: they get full items."""

@@ -18,8 +18,8 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from gate import Snapshot, SnapshotError, snapshot_from_hash, updates_channel, watermarks_key
-from sdk._options import CONSUMER_ONLY
-from sdk._view import GateError, SourceState, WatermarkView
+from sdk.engine._options import CONSUMER_ONLY
+from sdk.gating._view import GateError, SourceState, WatermarkView
 
 log = logging.getLogger("sdk.gate")
 

@@ -9,18 +9,18 @@ can be traced back to its input.
 - **At least once** (``CommitMode.CONSUMER``): an item whose records produced outputs counts
   them, and the consumer's thread keeps its results aside (:class:`Awaiting`) until every
   report arrived. The reports are served by one thread at a time, a worker after its item or
-  the consumer's thread (:meth:`~sdk._output.Outputs.serve`): a successful report only adds
+  the consumer's thread (:meth:`~sdk.produce._output.Outputs.serve`): a successful report only adds
   one to the item's count; once the count reaches the outputs produced and the consumer's
   thread waits for the item, the report puts it on the settled list, which that thread takes
   on its next turn (no item is looked at before all its reports are in).
 - **Exactly once** (``CommitMode.TRANSACTIONAL``): the producer reports failed deliveries only
   (``delivery.report.only.error``): a report breaks the open transaction and blames the inputs
-  it came from (:meth:`~sdk._output.Outputs.break_transaction`). The reports are served when
+  it came from (:meth:`~sdk.produce._output.Outputs.break_transaction`). The reports are served when
   the transaction closes, so whatever an item notes for them lives as long as the
   transaction: nothing is noted while transactions commit (the first failed delivery breaks
   its transaction untraced), and from then until a transaction commits again each record
   notes its inputs' sources and its outputs' topic, key and value
-  (:attr:`~sdk._output.Outputs.tracing`).
+  (:attr:`~sdk.produce._output.Outputs.tracing`).
 
 A failed delivery report holds the output that failed (its topic, key and value), not the
 input: it is traced back by comparing it with the outputs of the item's records. When
@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sdk._shards import Entry
+from sdk.engine._shards import Entry
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError
@@ -48,7 +48,7 @@ Source = tuple[str, int, int]
 
 class Reported(Protocol):
     """Where an item's delivery reports go: the engine's producer of outputs
-    (:class:`~sdk._output.Outputs`)."""
+    (:class:`~sdk.produce._output.Outputs`)."""
 
     transactional: bool
     tracing: bool  # exactly once: records note where their outputs come from

@@ -17,10 +17,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from sdk._commits import Committer
-from sdk._core import TP, WorkCore
-from sdk._gating import Gate
-from sdk._maps import OffsetMaps
+from sdk.consumer._commits import Committer
+from sdk.consumer._maps import OffsetMaps
+from sdk.engine._core import TP, WorkCore
+from sdk.gating._gating import Gate
 
 log = logging.getLogger("sdk")
 

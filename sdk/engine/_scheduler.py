@@ -1,11 +1,12 @@
-"""Which record may start next: the shards' transitions between the states of ``sdk._shards``.
+"""Which record may start next: the shards' transitions between the states of
+``sdk.engine._shards``.
 
 Each partition maps its shards by key (``PartitionState.shards``; the core registers new
 ones there, from the scheduler's free list of empty shards). The scheduler owns the
 containers of the states: the ready queue (served round-robin, so a hot or slow shard never
 starves the others), the timer heap (retry and process delays) and the partitions' blocked
 lists (records at or beyond a release limit). Every method is one transition of the
-lifecycle drawn in ``sdk._shards``. Pure: no I/O, time is passed in.
+lifecycle drawn in ``sdk.engine._shards``. Pure: no I/O, time is passed in.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from sdk._shards import (
+from sdk.engine._shards import (
     BLOCKED,
     DEAD,
     IDLE,
@@ -28,7 +29,7 @@ from sdk._shards import (
 )
 
 if TYPE_CHECKING:
-    from sdk._partition import PartitionState
+    from sdk.engine._partition import PartitionState
 
 
 class Scheduler:

@@ -25,7 +25,7 @@ Only the ordered modes use RUNNING (one owner at a time); an UNORDERED shard and
 READY while they have records, whoever runs them. Each state has one container (the ready
 queue, the timer heap, the partition's blocked list, an item), and a shard leaves a container
 only by changing state, so no container ever holds a stale shard. This module holds the data; the
-transitions are :class:`~sdk._core.WorkCore`'s.
+transitions are :class:`~sdk.engine._core.WorkCore`'s.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
-    from sdk._partition import PartitionState
+    from sdk.engine._partition import PartitionState
 
 # Final: the compiled core inlines them (a plain module global is a dictionary lookup).
 IDLE: Final = 0
@@ -151,7 +151,7 @@ class Item:
 
 
 class ItemShape(NamedTuple):
-    """How :meth:`~sdk._core.WorkCore.take` fills an item.
+    """How :meth:`~sdk.engine._core.WorkCore.take` fills an item.
 
     An item is a list of runs. A run is up to ``run`` consecutive records of one shard (they
     run one after another on the same worker). An item holds at most ``shards`` runs; after

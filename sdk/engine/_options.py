@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from sdk._record import Record
+from sdk.engine._record import Record
 
 # librdkafka properties only a consumer understands: left out when the same configuration
 # serves a producer (dead letters) or an admin client (gating).

@@ -1,18 +1,18 @@
 """The engine's core: which record may start next, what may be committed, what must pause.
 
 A plain state machine in the sans-I/O style: no Kafka, no threads, no clock (time is passed
-in). The shell (``sdk._engine``) feeds it fetched records and results and carries out what it
-decides. Queries (``take`` aside, which hands out work) change nothing; every state change is
-a named method. The rules it keeps:
+in). The shell (``sdk.consumer._parallel``) feeds it fetched records and results and carries out
+what it decides. Queries (``take`` aside, which hands out work) change nothing; every state change
+is a named method. The rules it keeps:
 
-* **Shards** (``sdk._shards``): an ordered shard has at most one owner and gives out its
+* **Shards** (``sdk.engine._shards``): an ordered shard has at most one owner and gives out its
   records strictly in offset order; ready shards are served round-robin, so a hot or slow
   shard never starves the others. In KEY ordering, a record whose key has nothing queued or
   running waits in its partition's lane (at most one record per key, run side by side).
 * **Done** means processed, dead-lettered with an acknowledged copy, or skipped by a policy
   the user chose (``on_exhausted="skip"``). A terminal failure with nowhere to send it (no
   dead-letter topic) is never done: it holds its shard as STUCK and is reported.
-* **Commits** (``sdk._partition``) never pass a record that is not done.
+* **Commits** (``sdk.engine._partition``) never pass a record that is not done.
 * **Memory.** The records in memory (the incomplete ones: a completed record beyond its
   partition's head keeps only its offset) count against the buffer. Fetching takes records
   while the buffer in use is below the buffer minus a small reserve; beyond that only single
@@ -40,12 +40,12 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from sdk._failures import DEAD_LETTER, RETRY, SKIP, FailurePolicy
-from sdk._offsets import MAX_METADATA_BYTES, Ranges
-from sdk._options import Ordering
-from sdk._partition import FETCHING, PAUSED, STALL_AFTER, TP, UNKNOWN, Counts, PartitionState
-from sdk._scheduler import Scheduler
-from sdk._shards import (
+from sdk.engine._failures import DEAD_LETTER, RETRY, SKIP, FailurePolicy
+from sdk.engine._offsets import MAX_METADATA_BYTES, Ranges
+from sdk.engine._options import Ordering
+from sdk.engine._partition import FETCHING, PAUSED, STALL_AFTER, TP, UNKNOWN, Counts, PartitionState
+from sdk.engine._scheduler import Scheduler
+from sdk.engine._shards import (
     IDLE,
     LANE,
     NOT_STARTED,
@@ -402,7 +402,7 @@ class WorkCore:
 
     def take(self, now: float, slots: int, shape: ItemShape) -> list[Item]:
         """Up to ``slots`` work items of records that may start now (see
-        :class:`~sdk._shards.ItemShape`); nothing while paused."""
+        :class:`~sdk.engine._shards.ItemShape`); nothing while paused."""
         if self.paused_all or slots <= 0:
             return []
         items = []

@@ -22,8 +22,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from sdk._core import Entry, WorkCore
-from sdk._output import Outputs
+from sdk.engine._core import Entry, WorkCore
+from sdk.produce._output import Outputs
 
 log = logging.getLogger("sdk")
 

@@ -21,20 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from sdk import _stats
-from sdk._core import TP, Entry, WorkCore
-from sdk._errors import EngineError
-from sdk._output import Awaiting
+from sdk.consumer import _stats
+from sdk.consumer._errors import EngineError
+from sdk.engine._core import TP, Entry, WorkCore
+from sdk.produce._output import Awaiting
 
 if TYPE_CHECKING:
-    from sdk._commits import Committer
-    from sdk._dead_letters import DeadLetters
-    from sdk._holds import Holds
-    from sdk._options import Options
-    from sdk._output import Outputs
-    from sdk._rebalance import Rebalancer
-    from sdk._runners import Runner
-    from sdk._sizing import ItemSizer
+    from sdk.consumer._commits import Committer
+    from sdk.consumer._holds import Holds
+    from sdk.consumer._rebalance import Rebalancer
+    from sdk.consumer._runners import Runner
+    from sdk.engine._options import Options
+    from sdk.engine._sizing import ItemSizer
+    from sdk.produce._dead_letters import DeadLetters
+    from sdk.produce._output import Outputs
 
 log = logging.getLogger("sdk")
 
@@ -250,7 +250,7 @@ class ConsumerLoop:
 
     def _rejoin_fenced(self, error: KafkaError) -> bool:
         """Whether a fatal error was met by a new consumer taking the failed one's place
-        (see :class:`~sdk._engine.ParallelConsumer`)."""
+        (see :class:`~sdk.consumer._parallel.ParallelConsumer`)."""
         return False
 
     def _message_error(self, error: KafkaError) -> None:

@@ -65,11 +65,11 @@ from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from sdk._commits import Committer
-from sdk._core import TP, WorkCore
-from sdk._errors import EngineError
-from sdk._maps import OffsetMaps
-from sdk._output import Outputs
+from sdk.consumer._commits import Committer
+from sdk.consumer._errors import EngineError
+from sdk.consumer._maps import OffsetMaps
+from sdk.engine._core import TP, WorkCore
+from sdk.produce._output import Outputs
 
 log = logging.getLogger("sdk")
 

@@ -1,8 +1,8 @@
 """The parallel consumer: one Kafka consumer on one thread, handlers on many.
 
-The consumer's thread (``sdk._loop``) is the only one that touches the confluent-kafka
-``Consumer`` and the core; handlers run on a runner (``sdk._runners``) and send their results
-back through an inbox. Nothing takes a lock around the Kafka client. This module holds the
+The consumer's thread (``sdk.consumer._loop``) is the only one that touches the confluent-kafka
+``Consumer`` and the core; handlers run on a runner (``sdk.consumer._runners``) and send their
+results back through an inbox. Nothing takes a lock around the Kafka client. This module holds the
 public API, the clients the consumer works with, and opening and closing.
 """
 
@@ -23,20 +23,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from gate import KafkaLog
-from sdk import _collector
-from sdk._commits import Committer
-from sdk._core import WorkCore
-from sdk._dead_letters import DeadLetters
-from sdk._errors import EngineError
-from sdk._failures import FailurePolicy
-from sdk._gating import Gate
-from sdk._holds import Holds
-from sdk._loop import ConsumerLoop
-from sdk._maps import OffsetMaps, choose_store
-from sdk._options import CONSUMER_ONLY, CommitMode, Options, OptionsError
-from sdk._output import Awaiting, Outputs
-from sdk._rebalance import Rebalancer
-from sdk._runners import (
+from sdk.consumer import _collector
+from sdk.consumer._commits import Committer
+from sdk.consumer._errors import EngineError
+from sdk.consumer._holds import Holds
+from sdk.consumer._loop import ConsumerLoop
+from sdk.consumer._maps import OffsetMaps, choose_store
+from sdk.consumer._rebalance import Rebalancer
+from sdk.consumer._runners import (
     BREAKS_BEFORE_HOLDING,
     AsyncRunner,
     Runner,
@@ -44,8 +38,14 @@ from sdk._runners import (
     Work,
     is_coroutine_handler,
 )
-from sdk._sizing import ItemSizer
-from sdk._transactions import TransactionalCommitter, transactional_id
+from sdk.consumer._transactions import TransactionalCommitter, transactional_id
+from sdk.engine._core import WorkCore
+from sdk.engine._failures import FailurePolicy
+from sdk.engine._options import CONSUMER_ONLY, CommitMode, Options, OptionsError
+from sdk.engine._sizing import ItemSizer
+from sdk.gating._gating import Gate
+from sdk.produce._dead_letters import DeadLetters
+from sdk.produce._output import Awaiting, Outputs
 
 log = logging.getLogger("sdk")
 
@@ -430,7 +430,7 @@ class ParallelConsumer(ConsumerLoop):
         work.outputs = self._outputs
         self._runner = self._new_runner(work)
         if self.registry is not None:
-            from sdk._metrics import EngineCollector
+            from sdk.consumer._metrics import EngineCollector
 
             self._collector = EngineCollector(self)
             self.registry.register(self._collector)

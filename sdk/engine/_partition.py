@@ -47,10 +47,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from sdk._offsets import Ranges, encode_offset_map
+from sdk.engine._offsets import Ranges, encode_offset_map
 
 if TYPE_CHECKING:
-    from sdk._shards import Entry, Shard
+    from sdk.engine._shards import Entry, Shard
 
 TP = tuple[str, int]
 
@@ -147,10 +147,10 @@ class PartitionState:
         self.highest = -1
         self.restored = deque(r for r in restored if start is None or r[1] > start)
         self.limit: int | None = None  # release limit (watermark); None: everything
-        self.shards: dict[object, Shard] = {}  # by key within the partition (sdk._core)
-        self.lane: Shard | None = None  # KEY ordering: its lane (see sdk._shards)
+        self.shards: dict[object, Shard] = {}  # by key within the partition (sdk.engine._core)
+        self.lane: Shard | None = None  # KEY ordering: its lane (see sdk.engine._shards)
         # KEY ordering: each key with a record queued or running, to its record in the lane or
-        # to its own shard (see sdk._shards).
+        # to its own shard (see sdk.engine._shards).
         self.live_keys: dict[object, Entry | Shard] = {}
         self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
         self.blocked_since: float | None = None

@@ -8,13 +8,13 @@ Two commit modes decide when an input with outputs counts as done:
 
 - ``CONSUMER`` (at least once): when the broker acknowledged every one of its outputs. A
   worker does not wait for them: the consumer's thread keeps the item's results aside until
-  every report is in (:mod:`sdk._deliveries`); a delivery failure fails the input (and holds
+  every report is in (:mod:`sdk.produce._deliveries`); a delivery failure fails the input (and holds
   back the rest of its shard in the item), exactly like a handler failure.
 - ``TRANSACTIONAL`` (exactly once): at once, because its outputs are in the open transaction,
-  which commits together with the inputs' offsets (:mod:`sdk._transactions`). A worker holds
-  the :class:`~sdk._deliveries.TransactionLock` from the start of its item until its results
-  are in the consumer's inbox, so a transaction is closed only between items: every output in
-  it belongs to an input whose offset goes into the same transaction.
+  which commits together with the inputs' offsets (:mod:`sdk.consumer._transactions`). A worker
+  holds the :class:`~sdk.produce._deliveries.TransactionLock` from the start of its item until its
+  results are in the consumer's inbox, so a transaction is closed only between items: every output
+  in it belongs to an input whose offset goes into the same transaction.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from sdk._deliveries import Awaiting, Deliveries, Source, TransactionLock, sources_of
+from sdk.produce._deliveries import Awaiting, Deliveries, Source, TransactionLock, sources_of
 
 __all__ = [
     "Awaiting",

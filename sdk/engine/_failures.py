@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from sdk._shards import Entry
+from sdk.engine._shards import Entry
 
 
 class RetriableError(Exception):

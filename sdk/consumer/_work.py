@@ -6,12 +6,12 @@ returns one result per record it got to: ``None`` (success), the exception raise
 records of a partition revoked before they started (the partition's next owner runs them, in
 order: a revocation never waits for them), and for records at or beyond their partition's
 release limit when the worker reaches them (a watermark lowered since they were handed out:
-they go back to their shard and wait, in order). The runners (:mod:`sdk._runners`) call it
+they go back to their shard and wait, in order). The runners (:mod:`sdk.consumer._runners`) call it
 from their threads or their event loop.
 
 Outputs are produced as the handler returns them, all of an item's with one delivery
-callback (:mod:`sdk._deliveries`): at least once, an item with outputs is returned as
-:class:`~sdk._deliveries.Awaiting`, which the consumer's thread keeps aside until their
+callback (:mod:`sdk.produce._deliveries`): at least once, an item with outputs is returned as
+:class:`~sdk.produce._deliveries.Awaiting`, which the consumer's thread keeps aside until their
 delivery reports are in.
 
 A failure's traceback is dropped once it was logged and shown to the ``on_failure`` hook: it
@@ -26,13 +26,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sdk._deliveries import Awaiting, Deliveries, TransactionLock
-from sdk._failure_log import FailureLog
-from sdk._failures import DecodeError, RetriableError, TerminalError, describe
-from sdk._options import Options
-from sdk._output import Output, Outputs, ProduceError, outputs_of
-from sdk._record import Record, batch_records
-from sdk._shards import NOT_STARTED, Entry, Item
+from sdk.consumer._failure_log import FailureLog
+from sdk.engine._failures import DecodeError, RetriableError, TerminalError, describe
+from sdk.engine._options import Options
+from sdk.engine._record import Record, batch_records
+from sdk.engine._shards import NOT_STARTED, Entry, Item
+from sdk.produce._deliveries import Awaiting, Deliveries, TransactionLock
+from sdk.produce._output import Output, Outputs, ProduceError, outputs_of
 
 log = logging.getLogger("sdk.handler")
 

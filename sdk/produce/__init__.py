@@ -1,0 +1,3 @@
+"""Writing records: handlers' outputs (``_output``), what an item's outputs wait for (delivery
+reports and the transaction lock, ``_deliveries``), and dead-letter copies
+(``_dead_letters``). Below the consumer's shell, above the engine's core."""
