@@ -12,7 +12,7 @@ the wall clock, as charts show them: when it is stepped back, the history starts
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from gate._state import GateState
@@ -39,15 +39,21 @@ class GateHistory:
         while points and points[0]["t"] < slot - self.span:
             points.popleft()
 
-    def to_json(self, groups: Collection[str] | None = None) -> dict[str, Any]:
-        """The points, with every group's lag, or only those of ``groups``."""
-        points: list[dict[str, Any]] = list(self.points)
+    def to_json(
+        self,
+        groups: Collection[str] | None = None,
+        points: Sequence[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """The points, with every group's lag, or only those of ``groups``. ``points``: the
+        points taken earlier (``list(history.points)``, on the thread that records them),
+        for building the answer on another thread."""
+        shown: list[dict[str, Any]] = list(self.points if points is None else points)
         if groups is not None:
-            points = [
+            shown = [
                 {**point, "groups": {g: point["groups"][g] for g in groups if g in point["groups"]}}
-                for point in points
+                for point in shown
             ]
-        return {"step_s": self.step, "span_s": self.span, "points": points}
+        return {"step_s": self.step, "span_s": self.span, "points": shown}
 
 
 def point_of(state: GateState, slot: float) -> dict[str, Any]:

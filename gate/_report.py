@@ -32,10 +32,13 @@ def verdict_json(
     now: float,
     stale_after: float | None = None,
     errors: Sequence[str] = (),
+    age: float | None = None,
 ) -> dict[str, Any]:
-    """The verdict as ``/status`` gives it; ``unknown`` once the snapshot is older than
-    ``stale_after`` (no poll has succeeded since: what the last one said is no news), saying
-    why when the poll's ``errors`` concerning the gate are known."""
+    """The verdict as ``/status`` gives it, its ages as of ``now``; ``unknown`` once the
+    snapshot is older than ``stale_after`` (no poll has succeeded since: what the last one
+    said is no news), saying why when the poll's ``errors`` concerning the gate are known.
+    ``age``: the snapshot's age that decides it, when not its age at ``now`` (a kept answer's
+    ages are as of its poll, the snapshot's age is the one at the ask)."""
     verdict = state.verdict
     if verdict.state == "missing":
         text = _missing(verdict.missing)
@@ -59,7 +62,7 @@ def verdict_json(
             " to process"
         )
     shown = verdict.state
-    age = state.snapshot.age(now)
+    age = state.snapshot.age(now) if age is None else age
     if stale_after is not None and age > stale_after:
         shown = "unknown"
         polled = datetime.fromtimestamp(state.snapshot.polled_at, UTC).strftime("%H:%M:%S UTC")
@@ -287,11 +290,17 @@ def gate_status(
     and ``named`` choose: at 1,000 groups x 64 partitions every position makes a 10 MB
     answer, the ones holding each partition back 0.1–1.2 MB (most of it the summary)."""
     body = gate_summary(state, now, stale_after, errors)
-    times: dict[float, str] = {}  # most groups moved at one of a few polls
-    body["partitions"] = [
-        _partition(part, now, times, groups, named) for part in state.partitions.values()
-    ]
+    body["partitions"] = gate_partitions(state, now, groups, named)
     return body
+
+
+def gate_partitions(
+    state: GateState, now: float, groups: GroupsShown = "all", named: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """``/status/{gate}``'s partitions: each one's offsets and the positions of the groups
+    ``groups`` and ``named`` choose, their ages as of ``now``."""
+    times: dict[float, str] = {}  # most groups moved at one of a few polls
+    return [_partition(part, now, times, groups, named) for part in state.partitions.values()]
 
 
 def _time(at: float | None, times: dict[float, str]) -> str | None:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator
 from pathlib import Path as FilePath
 from typing import Annotated
 
@@ -16,13 +15,13 @@ from fastapi import Depends, FastAPI, Path, Query, params
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
+from gate._answers import Answers, Choice, Pieces, choice, dumps
 from gate._bodies import ApiError, Liveness, Probe, ServiceStatus
 from gate._release_api import known_gate
-from gate._report import gate_status, gate_summary
-from gate._service import GateService, present
+from gate._service import GateService
 from gate._state import GateState
 from gate._status_bodies import GateHistoryBody, GateStatus, GroupsShown
 from gate._waits import Stopping, unless_stopping
@@ -64,21 +63,7 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
     """``/status`` and ``/status/{gate}`` (with its history and stream), ``/healthz``,
     ``/readyz``, ``/metrics`` and the status page, behind ``protected`` where they carry
     the gates' data."""
-    scraping = threading.Lock()
-    # A gate's detail is built in a worker thread, one at a time: at 1,000 groups x 64
-    # partitions it takes a quarter of a second, which on the event loop would hold up every
-    # other answer (``/ready`` first of all) for as long.
-    building = threading.Lock()
-
-    def _gate_body(
-        state: GateState,
-        errors: tuple[str, ...],
-        groups: GroupsShown,
-        named: tuple[str, ...],
-    ) -> Response:
-        with building:
-            body = gate_status(state, present(state), service.stale_after, errors, groups, named)
-            return JSONResponse(body)
+    answers = Answers(service.stale_after)
 
     @app.get(
         "/status",
@@ -87,40 +72,57 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
         summary="Service status and every gate's summary",
     )
     async def status_all() -> Response:
-        gates = {}
-        for name in service.config.gates:
-            state = service.store.latest(name)
-            errors = service.failing.get(name, ())
-            gates[name] = (
-                gate_summary(state, present(state), service.stale_after, errors) if state else None
-            )
+        """The service (made at each ask) and each gate's summary (kept per state: see
+        ``gate._answers``)."""
+        asked = [
+            (name, service.store.latest(name), tuple(service.failing.get(name, ())))
+            for name in service.config.gates
+        ]
+        summaries: list[list[bytes] | None] = [
+            None if state is None else answers.summary_kept(state, errors)
+            for _, state, errors in asked
+        ]
+        if any(
+            state is not None and summary is None
+            for (_, state, _), summary in zip(asked, summaries, strict=True)
+        ):
+            summaries = await run_in_threadpool(_summaries, asked)
         poll = service.last_poll
         ok, detail = service.readiness()
-        return JSONResponse(
-            {
-                "ready": ok,
-                "detail": detail,
-                "poll_interval_ms": service.config.poll_interval_ms,
-                "overrunning": service.overrunning,
-                "overruns": service.overruns,
-                "last_poll": None
-                if poll is None
-                else {
-                    "started_at": format_time(poll.started_at),
-                    "duration_ms": round(poll.duration * 1000, 1),
-                    "evaluation_ms": round(service.last_evaluation * 1000, 1),
-                    "cycle_ms": None
-                    if service.schedule.last is None
-                    else round(service.schedule.last.total * 1000, 1),
-                    "errors": list(poll.errors),
-                },
-                "redis": None
-                if service.redis is None
-                else {"healthy": service.redis.healthy, "error": service.redis.last_error},
-                "gates": gates,
-                "failing": {name: list(errors) for name, errors in service.failing.items()},
-            }
-        )
+        head = {
+            "ready": ok,
+            "detail": detail,
+            "poll_interval_ms": service.config.poll_interval_ms,
+            "overrunning": service.overrunning,
+            "overruns": service.overruns,
+            "last_poll": None
+            if poll is None
+            else {
+                "started_at": format_time(poll.started_at),
+                "duration_ms": round(poll.duration * 1000, 1),
+                "evaluation_ms": round(service.last_evaluation * 1000, 1),
+                "cycle_ms": None
+                if service.schedule.last is None
+                else round(service.schedule.last.total * 1000, 1),
+                "errors": list(poll.errors),
+            },
+            "redis": None
+            if service.redis is None
+            else {"healthy": service.redis.healthy, "error": service.redis.last_error},
+            "failing": {name: list(errors) for name, errors in service.failing.items()},
+        }
+        pieces = [dumps(head)[:-1], b',"gates":{']
+        for index, ((name, _, _), summary) in enumerate(zip(asked, summaries, strict=True)):
+            pieces += [b"," if index else b"", dumps(name), b":", *(summary or [b"null"])]
+        pieces.append(b"}}")
+        return Pieces(pieces)
+
+    def _summaries(
+        asked: list[tuple[str, GateState | None, tuple[str, ...]]],
+    ) -> list[list[bytes] | None]:
+        return [
+            None if state is None else answers.summary(state, errors) for _, state, errors in asked
+        ]
 
     def _named(
         gate: Annotated[str, Path(max_length=200)], group: GroupQuery = None
@@ -159,7 +161,11 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
         named = _named(gate, group)
         state = _latest(gate)
         errors = tuple(service.failing.get(gate, ()))
-        return await run_in_threadpool(_gate_body, state, errors, groups, named)
+        chosen = choice(groups, named)
+        pieces = answers.detail_kept(state, errors, chosen)
+        if pieces is None:  # built in a worker thread: a large gate's takes a while
+            pieces = await run_in_threadpool(answers.detail, state, errors, chosen)
+        return Pieces(pieces)
 
     @app.get(
         "/status/{gate}/history",
@@ -178,13 +184,16 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
         watermarks (its rise is the release rate), records held back and released records
         the dependent has not processed."""
         named = _named(gate, group)
-        chosen: Collection[str] | None = None
-        if groups != "all":
-            state = service.store.latest(gate)
-            holding = state.verdict.holding if groups == "holding" and state else ()
-            chosen = dict.fromkeys([*holding, *named])
-        history = service.store.history[gate].to_json(chosen)
-        return JSONResponse({"gate": gate, "now": time.time(), **history})
+        state = service.store.latest(gate)
+        history = service.store.history[gate]
+        if state is None:  # (no point yet)
+            return JSONResponse({"gate": gate, "now": time.time(), **history.to_json()})
+        chosen = choice(groups, named)
+        pieces = answers.history_kept(state, chosen)
+        if pieces is None:  # its points taken here, where they are recorded
+            points = list(history.points)
+            pieces = await run_in_threadpool(answers.history, state, history, points, chosen)
+        return Pieces(pieces)
 
     def _latest(gate: str) -> GateState:
         state, _ = known_gate(service, gate)
@@ -211,7 +220,7 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
         ``interval`` seconds; while no poll succeeds, again every half ``stale_after_s`` (at
         most 15 s), so the verdict turns unknown. When the gate stops, a last event
         ``stopping`` ends the stream."""
-        named = _named(gate, group)
+        chosen = choice(groups, _named(gate, group))
         version = -1
         quiet = min(15.0, max(1.0, service.stale_after / 2))
         while True:
@@ -228,26 +237,19 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
                     yield ServerSentEvent(comment="keep-alive")
                     continue
             version = state.version
-            yield ServerSentEvent(
-                event="status",
-                id=str(version),
-                raw_data=json.dumps(
-                    gate_status(
-                        state,
-                        present(state),
-                        service.stale_after,
-                        service.failing.get(gate, ()),
-                        groups,
-                        named,
-                    ),
-                    separators=(",", ":"),
-                ),
-            )
+            errors = tuple(service.failing.get(gate, ()))
+            data = await run_in_threadpool(_event_data, state, errors, chosen)
+            yield ServerSentEvent(event="status", id=str(version), raw_data=data)
             try:
                 await unless_stopping(service, asyncio.sleep(interval))
             except Stopping:
                 yield STOPPING_EVENT
                 return
+
+    def _event_data(state: GateState, errors: tuple[str, ...], chosen: Choice) -> str:
+        """A status event's data: the detail (kept, or built), as one string (megabytes at
+        1,000 groups: made in a worker thread too)."""
+        return b"".join(answers.detail(state, errors, chosen)).decode()
 
     @app.get("/healthz", response_model=Liveness, summary="Liveness: the process answers")
     async def healthz() -> Liveness:
@@ -283,12 +285,13 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
         responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
     )
     def metrics() -> Response:
-        """Built in a worker thread, not on the event loop: a large fleet's scrape takes
-        long enough to delay every other answer if it held the loop. One at a time: scrapes
-        that arrive together (several Prometheus servers) wait rather than share the CPU."""
-        with scraping:
-            body = generate_latest(service.registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        """Built in a worker thread, not on the event loop: a large fleet's series per
+        state take long enough to delay every other answer if they held the loop. They are
+        built once per poll cycle (one build at a time, with the other large answers) and
+        kept; a scrape formats the rest, the service's own series, at each ask."""
+        return Response(
+            service.metrics.exposition(answers.building), media_type=CONTENT_TYPE_LATEST
+        )
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:

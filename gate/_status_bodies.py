@@ -46,7 +46,9 @@ class VerdictBody(BaseModel):
         description="Stuck: since when records have waited with the watermark still (the "
         "later of its last move and the oldest waiting record's arrival)."
     )
-    stuck_for_s: float | None = Field(description="Stuck: seconds since then.")
+    stuck_for_s: float | None = Field(
+        description="Stuck: seconds since then, at the snapshot's poll (polled_at)."
+    )
     stuck_for_exact: bool = Field(
         default=True,
         description="False when stuck_for_s is a lower bound (the stall began before the "
@@ -91,7 +93,7 @@ class GroupSummary(BaseModel):
     )
     unmoved_s: float | None = Field(
         description="Seconds since its committed offset last moved on a partition where it "
-        "has lag (null: it has lag nowhere)."
+        "has lag, at the snapshot's poll (null: it has lag nowhere)."
     )
     unmoved_s_exact: bool = Field(
         default=True,
@@ -99,9 +101,9 @@ class GroupSummary(BaseModel):
     )
     offsets_age_s: float | None = Field(
         default=None,
-        description="Seconds since its offsets shown were read, when the last poll carried "
-        "them from an earlier read (idle and caught up: idle_poll_interval_ms); null: the "
-        "last poll read them.",
+        description="Seconds from when its offsets shown were read to the snapshot's poll, "
+        "when that poll carried them from an earlier read (idle and caught up: "
+        "idle_poll_interval_ms); null: the last poll read them.",
     )
 
 
@@ -116,8 +118,11 @@ class DependentSummary(BaseModel):
 class GateSummary(BaseModel):
     gate: str
     version: int = Field(description="The snapshot's version (milliseconds, increasing).")
-    polled_at: str = Field(description="When the poll behind this snapshot started.")
-    age_s: float = Field(description="Age of the snapshot when this answer was built.")
+    polled_at: str = Field(
+        description="When the poll behind this snapshot started: every age in the answer but "
+        "age_s is as of then (an answer is kept per snapshot)."
+    )
+    age_s: float = Field(description="Age of the snapshot at this ask.")
     stale_after_s: float | None = Field(
         description="Beyond this age the verdict is unknown (the service's readiness limit)."
     )
@@ -147,7 +152,7 @@ class GroupPositionBody(BaseModel):
     lag_s_exact: bool
     status: DependencyStatusName
     moved_at: str | None = Field(description="When its committed offset last moved.")
-    unmoved_s: float | None = Field(description="Seconds since then.")
+    unmoved_s: float | None = Field(description="Seconds since then, at the snapshot's poll.")
 
 
 class PartitionBody(BaseModel):
@@ -197,7 +202,7 @@ class GateHistoryBody(BaseModel):
     gate: str
     step_s: float
     span_s: float
-    now: float = Field(description="The server's clock when this answer was built.")
+    now: float = Field(description="The server's clock at this ask.")
     points: list[HistoryPoint]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gate import GateEvaluator, GateService, PollResult, _status_api
+from gate import GateEvaluator, GateService, PollResult, _answers
 from gate._api import create_app
 from gate._bodies import ServiceStatus
 from gate._status_bodies import GateHistoryBody, GateStatus
@@ -433,14 +433,14 @@ def test_a_gate_s_detail_is_built_off_the_event_loop(
     answers meanwhile (before: it waited for the build, which held the event loop)."""
     api.publish(*ARTICLE)
     building, finish = threading.Event(), threading.Event()
-    real = _status_api.gate_status
+    real = _answers.partitions_json
 
-    def slow(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    def slow(*args: Any, **kwargs: Any) -> bytes:
         building.set()
         finish.wait(20)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_status_api, "gate_status", slow)
+    monkeypatch.setattr(_answers, "partitions_json", slow)
     answers: dict[str, Any] = {}
     detail = threading.Thread(
         target=lambda: answers.setdefault("detail", api.client.get("/status/service-a"))
@@ -485,7 +485,7 @@ def test_status_lists_the_groups_asked_for_on_each_partition(api: Harness) -> No
     }
     full = api.client.get("/status/service-a").json()
     shown = api.client.get("/status/service-a", params={"groups": "holding"}).json()
-    same = ("committed", "lag", "status", "moved_at")  # unmoved_s: the age at each ask
+    same = ("committed", "lag", "status", "moved_at", "unmoved_s")
     position, whole = shown["partitions"][0]["groups"]["CG-C"], full["partitions"][0]["groups"]
     assert {k: position[k] for k in same} == {k: whole["CG-C"][k] for k in same}
 
