@@ -92,7 +92,16 @@ def _readable(settings: Settings, consumer: Consumer, task: OffsetRange) -> Offs
         # A kept consumer knows the topic's partitions as they were when it last read it:
         # a partition added since is unknown to it until it lists them again.
         consumer.list_topics(task.topic, timeout=10)
-        low, _ = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+        try:
+            low, _ = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+        except KafkaException as again:
+            if again.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                raise
+            # Deleted after the batch was planned (the driver says the same at its next plan).
+            raise RuntimeError(
+                f"{NAME}: topic '{task.topic}' does not exist (or no longer does): "
+                f"{task.topic}[{task.partition}] is unknown to the broker"
+            ) from None
     if task.start >= low:
         return task
     missing = data_loss(task.topic, task.partition, task.start, min(low, task.end))

@@ -269,6 +269,25 @@ def test_a_range_stopped_or_failed_midway_closes_its_consumer(
     assert len(opened) == 3
 
 
+def test_a_range_of_a_topic_deleted_since_its_plan_says_the_topic_does_not_exist(
+    kafka: Kafka, opened: list[object]
+) -> None:
+    """A topic deleted between the driver's plan and the executor's read (a loaded machine
+    starts a task seconds after its plan) fails the task with the driver's own words, not
+    with librdkafka's "Unknown partition"."""
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10})
+    given = settings(kafka, topic)
+    assert read(given, topic, 0, 0, 5) == expected(0, 0, 5)  # a consumer kept, knowing it
+    for future in kafka.admin.delete_topics([topic]).values():
+        future.result(10)
+    wait_until(
+        lambda: topic not in kafka.admin.list_topics(timeout=5).topics, what="the topic deleted"
+    )
+    with pytest.raises(RuntimeError, match=f"topic '{topic}' does not exist"):
+        read(given, topic, 0, 5, 10)
+
+
 def test_a_kept_consumer_reads_a_partition_added_since(kafka: Kafka, opened: list[object]) -> None:
     """A kept consumer knows its topic's partitions as they were when it last read it: a
     partition added since is listed again, not taken for one that does not exist."""
