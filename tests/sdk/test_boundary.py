@@ -45,7 +45,7 @@ GATE = "boundary"
 def compiled_core_missing() -> str | None:
     """Why the compiled core cannot run from this checkout (None: it can), whatever core this
     process runs."""
-    package = ROOT / "sdk"
+    package = ROOT / "sdk" / "engine"
     built = [
         name
         for name in CORE
