@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -65,13 +66,65 @@ def broker(request: pytest.FixtureRequest) -> Broker:
     )
 
 
+# Run in parallel (``make test PYTEST_WORKERS=3``: ``pytest -n 3 --dist loadgroup``), each
+# process with services of its own (the session's fixtures). A file's tests run in one process, one after the
+# other, sharing their module's fixtures; the files of these groups, one after the other in one
+# process too: the Spark tests (each file starts a Spark session, a JVM that takes a core) and
+# the fault scenarios (they stop and suspend brokers and time what follows).
+SERIAL_GROUPS = {"tests/sdk/test_spark": "spark", "tests/faults/": "faults"}
+
+
+def xdist_group(path: str) -> str:
+    """The group of the tests of the file at ``path`` (relative to the checkout)."""
+    for prefix, group in SERIAL_GROUPS.items():
+        if path.startswith(prefix):
+            return group
+    return path
+
+
+def spark_master(item: pytest.Item) -> str:
+    """The Spark master a test's session runs on ("" without one)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "spark" in callspec.params:
+        return str(callspec.params["spark"])
+    if "spark" not in getattr(item, "fixturenames", ()):
+        return ""
+    return "local-cluster" if item.path.name == "test_spark_cluster.py" else "local"
+
+
+@pytest.hookimpl(trylast=True)  # (after pytest has ordered them by their fixtures' parameters)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    groups = {}
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        groups[item] = xdist_group(path)
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    # The Spark tests share one session per master (tests/sdk/test_spark.py): one after the
+    # other by broker, then by master, each session started once per broker.
+    spark = [item for item in items if groups[item] == "spark"]
+    if spark:
+
+        def order(item: pytest.Item) -> tuple[str, int]:
+            callspec = getattr(item, "callspec", None)
+            broker = str(callspec.params.get("broker", "")) if callspec is not None else ""
+            master = spark_master(item)
+            return broker, 0 if not master else 1 if master.startswith("local[") else 2
+
+        first = items.index(spark[0])
+        rest = [item for item in items if groups[item] != "spark"]
+        items[:] = rest[:first] + sorted(spark, key=order) + rest[first:]
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="long-running variant: use --run-slow")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    spark_tests = sys.modules.get("tests.sdk.test_spark")
+    if spark_tests is not None:
+        spark_tests.stop_spark()  # the session the Spark tests shared
 
 
 def docker_answers() -> bool:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import signal
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -29,14 +33,33 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def keep_figures(path: Path, name: str, figures: Any) -> None:
+    """Put a test's figures under ``name`` in the JSON file ``path`` (tests/artifacts/), which
+    tests running at the same time in other processes update too: one at a time (a lock
+    file), the file replaced whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:  # (a file left cut short by a run that was killed)
+            data = {}
+        data[name] = figures
+        written = path.with_suffix(f".{os.getpid()}.tmp")
+        written.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(written, path)
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 def wait_until(
-    condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+    condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = ""
 ) -> T:
-    """Poll ``condition`` until it returns something truthy; fail the test on timeout."""
+    """Poll ``condition`` until it returns something truthy; fail the test on timeout (a
+    bound for a loaded machine, never a measure: the suite runs tests in parallel on two
+    cores)."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()

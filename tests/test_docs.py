@@ -69,7 +69,7 @@ def demo() -> Iterator[dict[str, str]]:
         env = dict(pair.split("=", 1) for pair in export.split()[1:])
         wait_until(
             lambda: httpx.get(f"{env['GATE_URL']}/status/service-a").status_code == 200,
-            timeout=30,
+            timeout=90,  # (its brokers, Redis and consumers start first: slow on a loaded machine)
             what="the demo's gate",
         )
         yield env

@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gate._local import LocalBroker, LocalRedis, free_port
+from tests.support import keep_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -538,13 +539,9 @@ def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> N
 
 def record(name: str, report: dict) -> None:
     """Keep the scenario's figures (tests/artifacts/faults.json) and print them."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / "faults.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
     summary = {k: v for k, v in report.items() if k not in ("violations", "missing")}
     summary["violations"] = len(report["violations"])
     summary["missing"] = len(report["missing"])
     summary["unjustified_duplicates"] = len(report["unjustified_duplicates"])
-    data[name] = summary
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    keep_figures(ARTIFACTS / "faults.json", name, summary)
     print(f"\n{name}: {json.dumps(summary)}")

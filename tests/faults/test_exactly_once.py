@@ -46,7 +46,7 @@ from gate._local import LocalBroker
 from sdk import CommitMode, Hooks, Options, Ordering, Output, Record
 from sdk.engine._offsets import OffsetMapError, encode_offset_map, read_offset_map
 from tests.sdk.engine_support import start_engine
-from tests.support import Broker, Kafka, unique, wait_until
+from tests.support import Broker, Kafka, keep_figures, unique, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -487,11 +487,7 @@ def out_of_order(copies: list[Copy]) -> list[tuple[bytes, int, int]]:
 
 def record(name: str, figures: dict[str, Any]) -> None:
     """Keep a test's figures (tests/artifacts/exactly_once.json) and print them."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / "exactly_once.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[f"{name} ({figures['broker']})"] = figures
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    keep_figures(ARTIFACTS / "exactly_once.json", f"{name} ({figures['broker']})", figures)
     print(f"\n{name}: {json.dumps(figures)}")
 
 

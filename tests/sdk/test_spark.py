@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -43,7 +43,30 @@ on_cluster = pytest.param(CLUSTER, marks=pytest.mark.timeout(CLUSTER_START_SECON
 local_only = pytest.mark.parametrize("spark", [LOCAL], indirect=True)
 
 
-def spark_session(master: str) -> object:
+_running: list[tuple[str, Any]] = []
+"""The session this process runs (one SparkContext per process), with its master."""
+
+
+def spark_session(master: str) -> Any:
+    """The session on ``master``: the one running if it is on ``master`` (the test modules
+    share it: starting one takes 15-60 s), else a new one, the other stopped first. The Spark
+    tests run in one process, ordered by master (tests/conftest.py); the last session stops
+    when the process ends (``stop_spark``)."""
+    if _running and _running[0][0] == master:
+        return _running[0][1]
+    stop_spark()
+    session = _start(master)
+    _running.append((master, session))
+    return session
+
+
+def stop_spark() -> None:
+    """Stop the session this process runs, if any."""
+    while _running:
+        _running.pop()[1].stop()
+
+
+def _start(master: str) -> Any:
     """A session on ``master`` with the source registered; on a local cluster, once both
     executors have registered (skips the test when Spark cannot start them in time)."""
     if not master.startswith("local-cluster"):
@@ -68,12 +91,9 @@ def spark_session(master: str) -> object:
 
 
 @pytest.fixture(scope="module", params=[LOCAL, on_cluster])
-def spark(request: pytest.FixtureRequest) -> Iterator[object]:
-    """One session per master for the module (one SparkContext per process: each is stopped
-    before the next starts)."""
-    session = spark_session(request.param)
-    yield session
-    session.stop()
+def spark(request: pytest.FixtureRequest) -> object:
+    """The session on each master (see ``spark_session``)."""
+    return spark_session(request.param)
 
 
 def reader(spark, kafka: Kafka, topic: str, **options: str):  # type: ignore[no-untyped-def]

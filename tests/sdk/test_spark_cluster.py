@@ -30,12 +30,11 @@ RECORDS_PER_TASK = "100"  # 75 tasks: the batch runs long enough to kill a worke
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
+def spark() -> object:
     session = spark_session(CLUSTER)
     # local-cluster retries a failed task (local[N] does not): say so rather than rely on it
     assert session.sparkContext.getConf().get("spark.task.maxFailures", "4") != "1"
-    yield session
-    session.stop()
+    return session
 
 
 def children(pid: int) -> list[int]:

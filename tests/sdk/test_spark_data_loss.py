@@ -35,10 +35,8 @@ BEYOND_END = r"checkpoint is at offset {offset}, beyond the log end {end}"
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    session = spark_session(LOCAL)
-    yield session
-    session.stop()
+def spark() -> object:
+    return spark_session(LOCAL)
 
 
 def no_recreation_on_tansu(kafka: Kafka) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -28,10 +27,8 @@ BASE = {"kafka.bootstrap.servers": "127.0.0.1:1", "gate.enabled": "false"}
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    session = spark_session(LOCAL)
-    yield session
-    session.stop()
+def spark() -> object:
+    return spark_session(LOCAL)
 
 
 def batch(spark, kafka: Kafka, **options: str):  # type: ignore[no-untyped-def]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,10 +17,8 @@ from tests.support import Kafka, unique  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session(LOCAL)
-    yield session
-    session.stop()
+def spark() -> Any:
+    return spark_session(LOCAL)
 
 
 def all_available() -> Any:
