@@ -67,10 +67,10 @@ def broker(request: pytest.FixtureRequest) -> Broker:
 
 
 # Run in parallel (``make test PYTEST_WORKERS=3``: ``pytest -n 3 --dist loadgroup``), each
-# process with services of its own (the session's fixtures). A file's tests run in one process, one after the
-# other, sharing their module's fixtures; the files of these groups, one after the other in one
-# process too: the Spark tests (each file starts a Spark session, a JVM that takes a core) and
-# the fault scenarios (they stop and suspend brokers and time what follows).
+# process with services of its own (the session's fixtures). A file's tests run in one process,
+# one after the other, sharing their module's fixtures; the files of these groups, one after the
+# other in one process too: the Spark tests (a Spark session is a JVM that takes a core) and the
+# fault scenarios (they stop and suspend brokers and time what follows).
 SERIAL_GROUPS = {"tests/sdk/test_spark": "spark", "tests/faults/": "faults"}
 
 
