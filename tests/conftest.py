@@ -121,10 +121,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def _group(item: pytest.Item | None) -> str | None:
+    marker = item.get_closest_marker("xdist_group") if item is not None else None
+    return marker.args[0] if marker is not None else None
+
+
+def _stop_spark() -> None:
     spark_tests = sys.modules.get("tests.sdk.test_spark")
     if spark_tests is not None:
         spark_tests.stop_spark()  # the session the Spark tests shared
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if _group(item) == "spark" and _group(nextitem) != "spark":
+        _stop_spark()  # (the tests after them need not share the machine with its JVMs)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _stop_spark()
 
 
 def docker_answers() -> bool:
