@@ -50,8 +50,8 @@ _running: list[tuple[str, Any]] = []
 def spark_session(master: str) -> Any:
     """The session on ``master``: the one running if it is on ``master`` (the test modules
     share it: starting one takes 15-60 s), else a new one, the other stopped first. The Spark
-    tests run in one process, ordered by master (tests/conftest.py); the last session stops
-    when the process ends (``stop_spark``)."""
+    tests run in one process, ordered by broker then master (tests/conftest.py), which stops
+    the session once the last of them has run (``stop_spark``)."""
     if _running and _running[0][0] == master:
         return _running[0][1]
     stop_spark()
