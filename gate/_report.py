@@ -288,7 +288,9 @@ def gate_status(
 ) -> dict[str, Any]:
     """The summary, and per partition its offsets and the positions of the groups ``groups``
     and ``named`` choose: at 1,000 groups x 64 partitions every position makes a 10 MB
-    answer, the ones holding each partition back 0.1–1.2 MB (most of it the summary)."""
+    answer, the ones holding each partition back 0.1–1.2 MB (most of it the summary). The
+    API writes the same JSON from the summary and ``gate._detail_json`` (kept per state by
+    ``gate._answers``); this is its model, which the tests compare it with."""
     body = gate_summary(state, now, stale_after, errors)
     body["partitions"] = gate_partitions(state, now, groups, named)
     return body

@@ -125,28 +125,16 @@ class GateSeries(Collector):
         gone = [name for name in left_out if name not in self._limited]
         back = [name for name in self._limited if name not in left_out]
         self._limited = set(left_out)
-        if len(gone) == 1:
+        if gone:
             pairs, left = left_out[gone[0]]
             log.warning(
-                "gate %s: its %d groups x partitions exceed what is left (%d) of "
-                "status.metrics_group_partitions_max (%d for the whole service, the gates "
-                "before it in the configuration first): its metrics per group and partition "
-                "are left out, its groups' series over all partitions stay "
-                "(gate_group_partition_series is 0)",
-                gone[0],
-                pairs,
-                left,
-                limit,
-            )
-        elif gone:
-            pairs, left = left_out[gone[0]]
-            log.warning(
-                "%d gates: their groups x partitions exceed what is left of "
+                "%d %s: groups x partitions beyond what is left of "
                 "status.metrics_group_partitions_max (%d for the whole service, the gates "
                 "earlier in the configuration first): %s (the first: %d groups x partitions, "
-                "%d left); their metrics per group and partition are left out, their groups' "
-                "series over all partitions stay (gate_group_partition_series is 0)",
+                "%d left); series per group and partition left out, the groups' series over "
+                "all partitions stay (gate_group_partition_series is 0)",
                 len(gone),
+                "gate" if len(gone) == 1 else "gates",
                 limit,
                 _named(gone),
                 pairs,

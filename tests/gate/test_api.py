@@ -343,7 +343,8 @@ def test_beyond_the_limit_a_gate_s_groups_have_series_over_all_partitions_alone(
         text = harness.client.get("/metrics").text
         harness.client.get("/metrics")
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
-    assert warning.startswith("gate service-a: its 6 groups x partitions exceed what is left (5)")
+    assert warning.startswith("1 gate: groups x partitions beyond what is left")
+    assert "service-a (the first: 6 groups x partitions, 5 left)" in warning
     assert series(text, "gate_group_partition_series") == {'{gate="service-a"}': 0.0}
     for name in PER_GROUP_AND_PARTITION:
         assert series(text, name) == {}, name
@@ -394,7 +395,7 @@ def test_the_series_limit_is_the_whole_service_s_gates_first_in_the_configuratio
         for group in ("CG-B", "CG-C")
     }
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
-    assert "gate service-d" in warning and "what is left (2)" in warning
+    assert "service-d (the first: 6 groups x partitions, 2 left)" in warning
 
 
 def test_metrics_have_build_info_and_no_created_series(api: Harness) -> None:

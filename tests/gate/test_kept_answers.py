@@ -236,6 +236,6 @@ def test_gates_beyond_the_series_limit_are_said_in_one_line(
         client.get("/metrics")
         client.get("/metrics")
     (line,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
-    assert line.startswith("7 gates: their groups x partitions exceed what is left")
+    assert line.startswith("7 gates: groups x partitions beyond what is left")
     assert "service-1, service-2, service-3, service-4, service-5 and 2 more" in line
     assert "(the first: 6 groups x partitions, 2 left)" in line
