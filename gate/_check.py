@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
@@ -12,6 +11,7 @@ from confluent_kafka.admin import AdminClient
 
 from gate._config import GateConfig, GateSpec
 from gate._poller import OFFSET_INVALID, describe_kafka_error
+from gate._status import closest
 
 _QUIET = logging.getLogger("gate.check.kafka")
 _QUIET.propagate = False  # failures are reported as problems, not as librdkafka log lines
@@ -148,12 +148,6 @@ def check_live(config: GateConfig, *, timeout: float = 5.0) -> list[Problem]:
 def did_you_mean(name: str, candidates: list[str]) -> str:
     close = closest(name, candidates)
     return f"; did you mean {close!r}?" if close else ""
-
-
-def closest(name: str, candidates: Iterable[str]) -> str | None:
-    """The candidate closest to ``name`` when one is close enough to be a misspelling."""
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return close[0] if close else None
 
 
 def _group_ids(admin: AdminClient, timeout: float) -> list[str]:

@@ -28,12 +28,10 @@ from confluent_kafka import (
 
 from gate._kafkalog import KafkaLog, describe_kafka_error
 from gate._state import RecordAt
+from gate._status import WANTED_AT_MOST
 from gate._watermark import Partition
 
 log = logging.getLogger("gate.poller")
-
-WANTED_AT_MOST = 64
-"""Records whose timestamps are read at most per poll, over all gates."""
 
 
 class WantsTimes(Protocol):

@@ -34,14 +34,13 @@ would make an age of the last state exact, the poller reads them, and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gate._check import closest
 from gate._group import GroupResult, StatusPolicy, Track, evaluate_group
 from gate._lag import EndHistory
-from gate._record_times import WANTED_AT_MOST
 from gate._state import (
     GateState,
     GroupPositions,
@@ -60,6 +59,8 @@ SHIFT_TOLERANCE = 0.01
 """Seconds the offset between the wall and monotonic clocks may drift from the one used so
 far before it is taken anew (and everything evaluated afresh): times handed out are on the
 poll's wall clock to within this."""
+WANTED_AT_MOST = 64
+"""Records whose timestamps are read at most per poll, over all gates."""
 WANTED_PER_PARTITION = 8
 """Records whose timestamps a gate asks for at once per partition, at most."""
 ASK_AGAIN_AFTER = 60.0
@@ -480,3 +481,9 @@ class GateEvaluator:
             missing_partitions.extend((topic, p) for p in range(count, seen))
             partitions.extend((topic, p) for p in range(count))
         return partitions, missing_topics, missing_partitions
+
+
+def closest(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to ``name`` when one is close enough to be a misspelling."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
