@@ -1,4 +1,5 @@
-"""The ``gate`` command: serve, check, status, demo.
+"""The ``gate`` command: serve, check, status, and the commands other packages add (the
+demo's ``gate demo``) through the entry point group ``gate.commands``.
 
 Exit codes: 0 success, 1 a problem found or the service failed, 2 invalid configuration or
 usage. Errors are one readable line each, never a traceback.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -189,50 +191,6 @@ def status(
         pass
 
 
-@app.command()
-def demo(
-    bootstrap: Annotated[
-        str | None, typer.Option(help="Use this broker instead of starting a local one.")
-    ] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Use this Redis instead of starting a local one.")
-    ] = None,
-    no_redis: Annotated[bool, typer.Option("--no-redis", help="Publish over HTTP only.")] = False,
-    port: Annotated[int, typer.Option(help="HTTP port of the gate (another if busy).")] = 8080,
-    kafka_port: Annotated[
-        int, typer.Option(help="Port of the local broker (another if busy).")
-    ] = 9092,
-    redis_port: Annotated[
-        int, typer.Option(help="Port of the local Redis (another if busy).")
-    ] = 6379,
-    duration: Annotated[float, typer.Option(min=0, help="Seconds to run (0: until Ctrl-C).")] = 0.0,
-    rate: Annotated[float, typer.Option(min=0.1, help="Records produced per second.")] = 50.0,
-    live: Annotated[bool, typer.Option(help="Redraw the table continuously.")] = True,
-) -> None:
-    """Run the whole story locally: broker, Redis, dependency services and the gate."""
-    from gate._demo import DemoError, DemoOptions, run_demo
-    from gate._local import LocalServiceError
-
-    _sigterm_as_ctrl_c()
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    options = DemoOptions(
-        bootstrap=bootstrap,
-        redis_url=redis_url,
-        use_redis=not no_redis,
-        port=port,
-        kafka_port=kafka_port,
-        redis_port=redis_port,
-        duration=duration,
-        rate=rate,
-        live=live,
-    )
-    try:
-        code = run_demo(options)
-    except (LocalServiceError, DemoError) as exc:
-        fail(str(exc))
-    raise typer.Exit(code)
-
-
 def _graceful(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops a command as Ctrl-C does: gracefully
 
@@ -241,6 +199,24 @@ def _sigterm_as_ctrl_c() -> None:
     """SIGTERM stops this command as Ctrl-C does, gracefully (``serve`` leaves both to
     uvicorn, which shuts down gracefully too)."""
     signal.signal(signal.SIGTERM, _graceful)
+
+
+def _add_commands() -> None:
+    """The commands other packages add: each entry point of the group ``gate.commands`` is a
+    callable that receives ``app`` and adds its command to it (pyproject.toml registers
+    ``demo = "demo._command:add"``). One whose package is not installed (as in the container
+    image, which holds the gate alone) adds nothing."""
+    for entry in entry_points(group="gate.commands"):
+        try:
+            add = entry.load()
+        except ModuleNotFoundError as exc:
+            if exc.name and f"{entry.module}.".startswith(f"{exc.name}."):
+                continue
+            raise
+        add(app)
+
+
+_add_commands()
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
-from gate._local import BROKERS, LocalBroker, LocalRedis, LocalServiceError
+from demo._local import BROKERS, LocalBroker, LocalRedis, LocalServiceError
 from tests.support import Broker, Kafka
 
 # No time limit per example: a loaded machine (CI's two cores running brokers and Spark

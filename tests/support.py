@@ -72,7 +72,7 @@ def wait_until(
 
 @dataclass(frozen=True)
 class Broker:
-    """The broker a test runs on, and what it can do (see ``gate._local``)."""
+    """The broker a test runs on, and what it can do (see ``demo._local``)."""
 
     name: str
     keeps_metadata: bool = False

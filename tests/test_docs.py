@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gate._local import free_port
+from demo._local import free_port
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

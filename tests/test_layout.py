@@ -68,6 +68,7 @@ def circles(exclude_type_checking_imports: bool) -> list[set[str]]:
     graph = grimp.build_graph(
         "gate",
         "sdk",
+        "demo",
         "bench",
         cache_dir=None,
         exclude_type_checking_imports=exclude_type_checking_imports,

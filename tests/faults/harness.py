@@ -33,7 +33,7 @@ import httpx
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gate._local import LocalBroker, LocalRedis, free_port
+from demo._local import LocalBroker, LocalRedis, free_port
 from tests.support import keep_figures
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from gate._local import LocalBroker
+from demo._local import LocalBroker
 from sdk import CommitMode, Hooks, Options, Ordering, Output, Record
 from sdk.engine._offsets import OffsetMapError, encode_offset_map, read_offset_map
 from tests.sdk.engine_support import start_engine

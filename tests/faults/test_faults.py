@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gate._local import BROKERS, LocalServiceError
+from demo._local import BROKERS, LocalServiceError
 from tests.faults.harness import Scenario, commit, committed, record
 from tests.support import Broker
 

@@ -52,7 +52,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from gate._local import LocalBroker
+from demo._local import LocalBroker
 from tests.faults.test_exactly_once import (
     LIVENESS,
     PARTITIONS,

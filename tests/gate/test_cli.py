@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 from confluent_kafka.admin import AdminClient
 
+from demo._local import free_port
 from gate._check import _group_ids
-from gate._local import free_port
 from tests.support import Kafka, gate_config, interruptible, serve_gate, unique, wait_until
 
 GATE = [sys.executable, "-m", "gate.cli"]

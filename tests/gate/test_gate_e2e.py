@@ -15,6 +15,7 @@ import redis
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from demo._local import LocalBroker, LocalRedis, LocalServiceError
 from gate import (
     GateService,
     Snapshot,
@@ -23,7 +24,6 @@ from gate import (
     updates_channel,
     watermarks_key,
 )
-from gate._local import LocalBroker, LocalRedis, LocalServiceError
 from gate._serve import ServedGate
 from tests.support import Broker, Kafka, gate_config, serve_gate, unique, wait_until
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from gate._local import LocalRedis, LocalServiceError, free_port
+from demo._local import LocalRedis, LocalServiceError, free_port
 from tests.support import Kafka, unique, wait_until
 
 SECRETS = {

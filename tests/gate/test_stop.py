@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gate._local import free_port
+from demo._local import free_port
 from tests.support import Kafka, interruptible, unique, wait_until
 
 GATE = [sys.executable, "-m", "gate.cli"]

@@ -10,7 +10,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gate._local import LocalRedis
+from demo._local import LocalRedis
 from sdk import (
     Hooks,
     Options,
@@ -768,7 +768,7 @@ def test_offset_maps_go_in_the_commit_metadata_where_the_broker_keeps_it(kafka: 
 
 
 def test_an_unreachable_broker_is_a_line_not_a_flood(caplog: pytest.LogCaptureFixture) -> None:
-    from gate._local import free_port
+    from demo._local import free_port
 
     caplog.set_level("INFO")
     engine = ParallelConsumer(

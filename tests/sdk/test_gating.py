@@ -12,8 +12,8 @@ import time
 import pytest
 import redis as redis_client
 
+from demo._local import LocalRedis, free_port
 from gate import GateService, Snapshot, updates_channel, watermarks_key
-from gate._local import LocalRedis, free_port
 from gate._redis import snapshot_fields
 from gate._serve import ServedGate
 from sdk import EmbeddedSource, Gate, GateError, GateTimeout, HttpSource, RedisSource, gated

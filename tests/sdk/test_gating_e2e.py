@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from demo._local import LocalRedis
 from gate import GateService
-from gate._local import LocalRedis
 from gate._serve import ServedGate
 from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, ParallelConsumer, RedisSource
 from tests.sdk.gating_support import DependencyService, Starts, violations

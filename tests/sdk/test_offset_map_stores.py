@@ -7,7 +7,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from gate._local import LocalRedis
+from demo._local import LocalRedis
 from sdk import Options
 from sdk.consumer._maps import OffsetMaps, choose_store
 from sdk.engine._offsets import encode_offset_map

@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gate._local import LocalBroker
+from demo._local import LocalBroker
 from sdk import (
     CommitMode,
     EmbeddedSource,

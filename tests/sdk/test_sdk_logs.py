@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from demo._local import free_port
 from gate import GateService
-from gate._local import free_port
 from gate._serve import ServedGate
 from sdk import EmbeddedSource, Gate, HttpSource, Options, ParallelConsumer
 from tests.sdk.engine_support import CONSUMER

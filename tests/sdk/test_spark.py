@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 pyspark = pytest.importorskip("pyspark")
 
+from demo._local import free_port  # noqa: E402
 from gate import GateService, Snapshot  # noqa: E402
-from gate._local import free_port  # noqa: E402
 from gate._serve import ServedGate  # noqa: E402
 from sdk.spark import ProgressCommitter, kafka_ending_offsets, local_session  # noqa: E402
 from sdk.spark._plan import cap  # noqa: E402

@@ -26,14 +26,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gate._config import parse_config
-from gate._kafkalog import KafkaLog
-from gate._local import LocalNoida, LocalRedis
-from gate._redis import watermarks_key
+from demo._local import LocalNoida, LocalRedis
+from gate import GateService, GateState, KafkaLog, parse_config, watermarks_key
+
+# Beyond the gate's public API: the service with its HTTP API in a thread, and the verdict
+# as the status page words it.
 from gate._report import verdict_json
 from gate._serve import ListenError, ServedGate
-from gate._service import GateService, present
-from gate._state import GateState
+from gate._service import present
 
 TOPIC = "payments"
 PARTITIONS = 3
