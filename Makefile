@@ -23,8 +23,8 @@ $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 
 # The engine's core is compiled at install (setup.py): editing it reinstalls, so the tests
 # run the compiled core built from the sources they see.
-CORE_SOURCES := setup.py $(addprefix sdk/engine/,_core.py _partition.py _scheduler.py \
-	_shards.py _record.py)
+CORE_SOURCES := setup.py $(addprefix sdk/engine/,_core.py _intake.py _results.py _buffer.py \
+	_partition.py _scheduler.py _shards.py _record.py)
 
 $(VENV)/.installed-dev: pyproject.toml $(CORE_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'

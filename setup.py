@@ -12,7 +12,7 @@ from pathlib import Path
 
 from setuptools import setup
 
-CORE = ("_shards", "_partition", "_scheduler", "_core", "_record")
+CORE = ("_shards", "_partition", "_scheduler", "_intake", "_results", "_buffer", "_core", "_record")
 CORE_PACKAGE = Path(__file__).parent / "sdk" / "engine"
 BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
 """The commands that build extensions (the metadata steps need none: compiling takes a while)."""

@@ -1,7 +1,7 @@
 """Which engine core runs: compiled with mypyc, or the same modules as pure Python.
 
 The install compiles the core's modules (``CORE``: the shards, partitions, scheduler and
-core of the consumer's thread, and the records the workers build) when it can (see
+core of the consumer's thread with its parts, and the records the workers build) when it can (see
 ``setup.py``) and records a digest of the sources it compiled. The compiled core is used only
 when every one of its modules was built from the sources next to it: a source edited since
 (an editable install), a missing build or ``KAFKA_GATE_PURE_CORE=1`` gives the pure-Python
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-CORE = ("_shards", "_partition", "_scheduler", "_core", "_record")
+CORE = ("_shards", "_partition", "_scheduler", "_intake", "_results", "_buffer", "_core", "_record")
 """The modules compiled together (``sdk.<name>``)."""
 
 DIGESTS = "compiled-core.json"
