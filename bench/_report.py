@@ -71,3 +71,8 @@ def write(name: str, data: dict[str, Any]) -> Path:
     path.write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
     console.print(f"[dim]wrote {path}[/]")
     return path
+
+
+def targets(verdict: Sequence[tuple[str, bool]]) -> None:
+    """The table of a benchmark's targets: each, and whether this run met it."""
+    table("Targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in verdict])
