@@ -14,7 +14,6 @@ Run: ``python -m bench.spark_small_batches [--seconds 60] [--rate 50]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -22,11 +21,12 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from bench._options import parser
 from bench._report import console, percentile, table, write
-from bench.engine_bench import create_topic
+from bench._topics import Writing, create_topic
 from gate._local import LocalNoida
 
 PARTITIONS = 3
@@ -34,14 +34,9 @@ TRIGGER_MS = 1000
 DURATIONS = ["latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets"]
 
 
-def produce(bootstrap: str, topic: str, rate: float, stop: threading.Event) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    i = 0
-    while not stop.wait(1 / rate):
-        producer.produce(topic, json.dumps({"payment": i, "amount": i % 100}).encode())
-        producer.poll(0)
-        i += 1
-    producer.flush(10)
+def payment(i: int) -> list[tuple[bytes, int | None]]:
+    """The i-th payment written (one a turn)."""
+    return [(json.dumps({"payment": i, "amount": i % 100}).encode(), None)]
 
 
 def follow(bootstrap: str, topic: str, groups: list[str], stop: threading.Event) -> None:
@@ -99,29 +94,23 @@ def run(bootstrap: str, topic: str, groups: list[str], seconds: float) -> list[d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--rate", type=float, default=50.0, help="records a second")
-    args = parser.parse_args()
+    options = parser(__doc__)
+    options.add_argument("--seconds", type=float, default=60.0)
+    options.add_argument("--rate", type=float, default=50.0, help="records a second")
+    args = options.parse_args()
     groups = ["service-b", "service-c"]
     stop = threading.Event()
     with LocalNoida() as broker:
         topic = "payments"
-        create_topic(AdminClient({"bootstrap.servers": broker.bootstrap}), topic, PARTITIONS)
-        threads = [
-            threading.Thread(target=produce, args=(broker.bootstrap, topic, args.rate, stop)),
-            threading.Thread(target=follow, args=(broker.bootstrap, topic, groups, stop)),
-        ]
-        for thread in threads:
-            thread.start()
+        create_topic(broker.bootstrap, topic, PARTITIONS)
+        following = threading.Thread(target=follow, args=(broker.bootstrap, topic, groups, stop))
+        following.start()
         try:
-            progress = run(broker.bootstrap, topic, groups, args.seconds)
+            with Writing(broker.bootstrap, topic, 1 / args.rate, payment):
+                progress = run(broker.bootstrap, topic, groups, args.seconds)
         finally:
             stop.set()
-            for thread in threads:
-                thread.join(30)
+            following.join(30)
     # The first batches start the session's Python workers: judged from the third on.
     batches = [p for p in progress if p["numInputRows"] > 0][2:]
     if not batches:
