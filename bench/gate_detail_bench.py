@@ -42,8 +42,11 @@ from typing import Any
 import httpx
 import uvicorn
 
+from bench._gate_evaluation import synthetic_poll
+from bench._options import parser
+from bench._proc import cpu_seconds_or_none
+from bench._processes import serving
 from bench._report import console, percentile, table, write
-from bench.gate_bench import synthetic_poll, wait_answering
 from gate import GateEvaluator, GateService
 from gate._api import create_app
 from gate._config import GateConfig
@@ -153,16 +156,6 @@ def in_another_process(
     times.extend(json.loads(done.stdout.splitlines()[-1]))
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """The CPU time a process has used (user and system), or None where /proc is not."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(
     base: str, seconds: float, other: str | None, same_process: bool, server: int
 ) -> dict[str, Any]:
@@ -179,14 +172,14 @@ def measure(
         )
         another.start()
     time.sleep(max(0.0, start_at - time.time()))
-    cpu_before = cpu_seconds(server)
+    cpu_before = cpu_seconds_or_none(server)
     for thread in threads:
         thread.start()
     time.sleep(seconds)
     stop.set()
     for thread in threads:
         thread.join(120)
-    cpu_after = cpu_seconds(server)
+    cpu_after = cpu_seconds_or_none(server)
     if other is not None and not same_process:
         another.join(seconds + 300)
     return {
@@ -202,29 +195,27 @@ def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--groups", type=int, default=1000)
-    parser.add_argument("--partitions", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument(
+    options = parser(__doc__)
+    options.add_argument("--groups", type=int, default=1000)
+    options.add_argument("--partitions", type=int, default=64)
+    options.add_argument("--seconds", type=float, default=5.0)
+    options.add_argument(
         "--other-process",
         action="store_true",
         help="ask the other endpoint from a process of its own (default: a thread of the "
         "/ready client's process)",
     )
-    parser.add_argument(
+    options.add_argument(
         "--poll-ms",
         type=int,
         default=0,
         help="a new state every this many ms, as polls bring (default 0: one state)",
     )
-    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--ask", help=argparse.SUPPRESS)
-    parser.add_argument("--base", help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    options.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    options.add_argument("--ask", help=argparse.SUPPRESS)
+    options.add_argument("--base", help=argparse.SUPPRESS)
+    options.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    args = options.parse_args()
     if args.serve:
         serve(args.serve, args.groups, args.partitions, args.poll_ms)
         return
@@ -233,22 +224,16 @@ def main() -> None:
         return
     load_before = os.getloadavg()
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bench.gate_detail_bench", "--serve", str(port),
-         "--groups", str(args.groups), "--partitions", str(args.partitions),
-         "--poll-ms", str(args.poll_ms)]
-    )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    try:
-        wait_answering(f"{base}/healthz", server, 300)
+    command = [sys.executable, "-m", "bench.gate_detail_bench", "--serve", str(port),
+               "--groups", str(args.groups), "--partitions", str(args.partitions),
+               "--poll-ms", str(args.poll_ms)]  # fmt: skip
+    with serving(command, f"{base}/healthz", 300) as server:
         same = not args.other_process
         found: dict[str, Any] = {"before": measure(base, args.seconds, None, same, server.pid)}
         for name, path in OTHERS.items():
             found[name] = measure(base, args.seconds, path, same, server.pid)
         found["after"] = measure(base, args.seconds, None, same, server.pid)
-    finally:
-        server.terminate()
-        server.wait(10)
     alone = (found["before"]["ready_per_s"] + found["after"]["ready_per_s"]) / 2
     ready_cpu = None  # the server's CPU per /ready, alone
     if found["before"]["server_cpu_s"] is not None:
