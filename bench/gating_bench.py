@@ -18,34 +18,26 @@ Run: ``python -m bench.gating_bench [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import bisect
+import contextlib
 import math
-import random
-import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from rich.progress import track
 
-from bench._report import console, summary_ms, table, write
-from bench.engine_bench import (
-    CONSUMER,
-    Counter,
-    FirstTimed,
-    _wait,
-    create_topic,
-    group_far_ahead,
-    produce,
-)
+from bench._engine_runs import Counter, FirstTimed, new_engine
+from bench._options import parser
+from bench._processes import config_file, serving
+from bench._report import console, summary_ms, table, targets, write
+from bench._rounds import best_and_median, interleaved, wait_until
+from bench._topics import create_topic, fill, group_far_ahead, unique
 from gate._local import LocalBroker, LocalRedis, free_port
-from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, ParallelConsumer, RedisSource
+from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, RedisSource
 
 GATE_POLL = 0.01
 EMBEDDED_POLL = 0.2
@@ -127,98 +119,49 @@ class Arrivals:
         return seen[at][1] if at < len(seen) else None
 
 
+def gate_service(
+    stack: contextlib.ExitStack, bootstrap: str, topic: str, group: str, redis_url: str | None
+) -> str:
+    """The gate running as its own process, as deployed (not sharing this process's GIL),
+    while ``stack`` is open, publishing to Redis when ``redis_url`` is given; its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = {
+        "kafka": {"bootstrap.servers": bootstrap},
+        "poll_interval_ms": int(GATE_POLL * 1000),
+        "gates": {"a": {"topics": [topic], "depends_on": [group]}},
+        "http": {"host": "127.0.0.1", "port": port},
+        **({"redis": {"url": redis_url}} if redis_url is not None else {}),
+    }
+    path = stack.enter_context(config_file(config))
+    command = [sys.executable, "-m", "gate.cli", "serve", "--config", str(path),
+               "--log-level", "warning"]  # fmt: skip
+    stack.enter_context(serving(command, f"{url}/healthz", 30))
+    return url
+
+
 def latency_run(
     bootstrap: str, admin: AdminClient, source_name: str, seconds: float, redis_url: str | None
 ) -> dict[str, Any]:
-    topic = f"latency-{source_name}-{random.randrange(10**9)}"
+    topic = unique(f"latency-{source_name}")
     partitions = 4
     create_topic(admin, topic, partitions)
-    dependency_group = f"dep-{random.randrange(10**9)}"
-    server: subprocess.Popen[bytes] | None = None
-    if source_name == "embedded":
-        source: Any = EmbeddedSource(
-            {"bootstrap.servers": bootstrap},
-            [topic],
-            [dependency_group],
-            poll_interval=EMBEDDED_POLL,
-        )
-    else:
-        # The gate runs as its own process, as deployed (not sharing this process's GIL).
-        port = free_port()
-        config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)  # noqa: SIM115
-        redis_line = f"redis: {{url: '{redis_url}'}}\n" if source_name == "redis" else ""
-        config.write(
-            f"kafka: {{bootstrap.servers: '{bootstrap}'}}\npoll_interval_ms: {int(GATE_POLL * 1000)}\n"
-            f"gates: {{a: {{topics: [{topic}], depends_on: [{dependency_group}]}}}}\n"
-            f"http: {{host: 127.0.0.1, port: {port}}}\n{redis_line}"
-        )
-        config.close()
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gate.cli",
-                "serve",
-                "--config",
-                config.name,
-                "--log-level",
-                "warning",
-            ]
-        )
-        url = f"http://127.0.0.1:{port}"
-        _wait(lambda: _answers(f"{url}/healthz"), 30)
-        source = RedisSource(redis_url) if source_name == "redis" else HttpSource(url)
-    starts: dict[tuple[int, int], float] = {}
-
-    def handle(record: Any) -> None:
-        starts.setdefault((record.partition, record.offset), time.monotonic())
-
-    handle.count = 0  # type: ignore[attr-defined]
-    gate = Gate("a", [source])
-    arrivals = Arrivals()
-    gate.view.add_listener(arrivals)
-    consumer = ParallelConsumer(
-        # Tansu holds a fetch for the whole fetch.wait.max.ms (500 ms by default) even when
-        # records arrive meanwhile; Apache Kafka answers at once. Without this the figure
-        # would measure this broker's fetch, not gating.
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"a-{random.random()}",
-            **CONSUMER,
-            "fetch.wait.max.ms": 10,
-        },
-        [topic],
-        handle,
-        Options(ordering=Ordering.KEY, max_concurrency=16),
-        gate=gate,
-        registry=None,
-    )
-    consumer.start()
-    dependency = Dependency(bootstrap, topic, dependency_group, partitions)
-    time.sleep(4)  # the dependent joined its group
-    dependency.start()
-    producer_config = {"bootstrap.servers": bootstrap, "linger.ms": 0}
-    from confluent_kafka import Producer
-
-    producer = Producer(producer_config)
-    produced = 0
-    started = time.monotonic()
-    while time.monotonic() - started < seconds:  # about 1,000 records/s
-        for _ in range(10):
-            producer.produce(
-                topic, key=f"k{produced % 97}".encode(), value=b"x", partition=produced % partitions
+    dependency_group = unique("dep")
+    with contextlib.ExitStack() as stack:
+        if source_name == "embedded":
+            source: Any = EmbeddedSource(
+                {"bootstrap.servers": bootstrap},
+                [topic],
+                [dependency_group],
+                poll_interval=EMBEDDED_POLL,
             )
-            produced += 1
-        producer.poll(0)
-        time.sleep(max(0.0, started + produced / 1000 - time.monotonic()))
-    producer.flush(10)
-    _wait(lambda: len(starts) >= produced, 60)
-    consumer.stop()
-    dependency.stop_event.set()
-    dependency.join(10)
-    if server is not None:
-        server.terminate()
-        server.wait(10)
+        else:
+            redis = redis_url if source_name == "redis" else None
+            url = gate_service(stack, bootstrap, topic, dependency_group, redis)
+            source = RedisSource(redis_url) if source_name == "redis" else HttpSource(url)
+        starts, arrivals, dependency, produced = released_records(
+            bootstrap, topic, partitions, dependency_group, source, seconds
+        )
     latencies, gate_part, engine_part = [], [], []
     for (partition, offset), start in starts.items():
         released = dependency.released_at(partition, offset)
@@ -240,52 +183,92 @@ def latency_run(
     }
 
 
-def _answers(url: str) -> bool:
-    import httpx
+def released_records(
+    bootstrap: str, topic: str, partitions: int, dependency_group: str, source: Any, seconds: float
+) -> tuple[dict[tuple[int, int], float], Arrivals, Dependency, int]:
+    """The dependent gated through ``source`` while records are produced for ``seconds`` and
+    the dependency follows them: when its handler started each record, when its gate received
+    each raised watermark, the dependency's commits, and the records produced."""
+    starts: dict[tuple[int, int], float] = {}
 
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+    def handle(record: Any) -> None:
+        starts.setdefault((record.partition, record.offset), time.monotonic())
+
+    handle.count = 0  # type: ignore[attr-defined]
+    gate = Gate("a", [source])
+    arrivals = Arrivals()
+    gate.view.add_listener(arrivals)
+    # Tansu holds a fetch for the whole fetch.wait.max.ms (500 ms by default) even when
+    # records arrive meanwhile; Apache Kafka answers at once. Without this the figure would
+    # measure this broker's fetch, not gating.
+    options = Options(ordering=Ordering.KEY, max_concurrency=16)
+    consumer = new_engine(bootstrap, topic, handle, options, "a", gate, **{"fetch.wait.max.ms": 10})
+    consumer.start()
+    dependency = Dependency(bootstrap, topic, dependency_group, partitions)
+    time.sleep(4)  # the dependent joined its group
+    dependency.start()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    produced = 0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:  # about 1,000 records/s
+        for _ in range(10):
+            producer.produce(
+                topic, key=f"k{produced % 97}".encode(), value=b"x", partition=produced % partitions
+            )
+            produced += 1
+        producer.poll(0)
+        time.sleep(max(0.0, started + produced / 1000 - time.monotonic()))
+    producer.flush(10)
+    wait_until(lambda: len(starts) >= produced, 60)
+    consumer.stop()
+    dependency.stop_event.set()
+    dependency.join(10)
+    return starts, arrivals, dependency, produced
+
+
+def gated_rate(bootstrap: str, topic: str, records: int, dependency: str | None) -> float:
+    """Records per second of the engine, gated on ``dependency`` (an embedded source) or not
+    gated (None), from the first record handled to the last."""
+    handler = FirstTimed(Counter())
+    gate = None
+    if dependency is not None:
+        source = EmbeddedSource(
+            {"bootstrap.servers": bootstrap},
+            [topic],
+            [dependency],
+            poll_interval=EMBEDDED_POLL,
+        )
+        gate = Gate("a", [source]).start()
+        gate.wait_for_snapshot(10)
+    options = Options(ordering=Ordering.KEY, max_concurrency=16)  # defaults otherwise
+    engine = new_engine(bootstrap, topic, handler, options, "cost", gate)
+    engine.start()
+    if not wait_until(lambda: handler.count >= records, 600):
+        name = "ungated" if gate is None else "gated"
+        raise SystemExit(f"{name} run stalled at {handler.count}")
+    rate = records / (time.perf_counter() - handler.first)
+    engine.stop(timeout=10)
+    if gate is not None:
+        gate.stop()  # started here, so not the engine's to stop
+    return rate
 
 
 def gating_cost(bootstrap: str, admin: AdminClient, records: int, rounds: int) -> dict[str, Any]:
-    topic = f"cost-{random.randrange(10**9)}"
+    topic = unique("cost")
     create_topic(admin, topic, 12)
-    produce(bootstrap, topic, records, lambda i: f"key-{i % 100_000}".encode(), partitions=12)
+    fill(bootstrap, topic, records, lambda i: f"key-{i % 100_000}".encode(), partitions=12)
     dependency, _ = group_far_ahead(bootstrap, topic, 12)
-    rates: dict[str, list[float]] = {"ungated": [], "gated": []}
-    for round_ in track(range(rounds), description="gated vs ungated", console=console):
-        # Each round swaps which variant runs first (the machine's load drifts within a round).
-        for name in ("ungated", "gated") if round_ % 2 == 0 else ("gated", "ungated"):
-            handler = FirstTimed(Counter())
-            gate = None
-            if name == "gated":
-                source = EmbeddedSource(
-                    {"bootstrap.servers": bootstrap},
-                    [topic],
-                    [dependency],
-                    poll_interval=EMBEDDED_POLL,
-                )
-                gate = Gate("a", [source]).start()
-                gate.wait_for_snapshot(10)
-            engine = ParallelConsumer(
-                {"bootstrap.servers": bootstrap, "group.id": f"cost-{random.random()}", **CONSUMER},
-                [topic],
-                handler,
-                Options(ordering=Ordering.KEY, max_concurrency=16),  # defaults otherwise
-                gate=gate,
-                registry=None,
-            )
-            engine.start()
-            if not _wait(lambda h=handler: h.count >= records, 600):
-                raise SystemExit(f"{name} run stalled at {handler.count}")
-            rates[name].append(records / (time.perf_counter() - handler.first))
-            engine.stop(timeout=10)
-            if gate is not None:
-                gate.stop()  # started here, so not the engine's to stop
-    best = {name: max(values) for name, values in rates.items()}
-    median = {name: statistics.median(values) for name, values in rates.items()}
+    # Each round swaps which variant runs first (the machine's load drifts within a round).
+    rates = interleaved(
+        {
+            "ungated": lambda: gated_rate(bootstrap, topic, records, None),
+            "gated": lambda: gated_rate(bootstrap, topic, records, dependency),
+        },
+        rounds,
+        order="alternate",
+        progress="gated vs ungated",
+    )
+    best, median = best_and_median(rates)
     return {
         "records": records,
         "rounds": rounds,
@@ -298,11 +281,9 @@ def gating_cost(bootstrap: str, admin: AdminClient, records: int, rounds: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
+    options = parser(__doc__)
+    options.add_argument("--quick", action="store_true")
+    args = options.parse_args()
     seconds = 5 if args.quick else 15
     results: dict[str, Any] = {}
     with LocalBroker() as broker, LocalRedis() as redis_server:
@@ -350,7 +331,7 @@ def main() -> None:
         ),
         (f"gated / ungated >= 0.95 ({results['cost']['ratio']})", results["cost"]["ratio"] >= 0.95),
     ]
-    table("Targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in verdict])
+    targets(verdict)
 
 
 if __name__ == "__main__":
