@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -17,12 +16,9 @@ from bench._produce_runs import (
     PLAIN_BATCH,
     PLAIN_COMMIT_EVERY,
     PRODUCER,
-    Cpu,
-    Finish,
     Run,
+    Watched,
     Workload,
-    create_topic,
-    read_outputs,
 )
 
 
@@ -181,25 +177,12 @@ class PlainLoop:
 
 def run_plain(bootstrap: str, admin: AdminClient, topic: str, ends: list[int],
               workload: Workload) -> Run:  # fmt: skip
-    output = f"produce-out-{uuid.uuid4().hex[:8]}"
-    create_topic(admin, output)
-    group = f"plain-{uuid.uuid4().hex[:8]}"
-    loop = PlainLoop(bootstrap, group, topic, output, workload)
-    finish = Finish(bootstrap, group, topic, ends, output, workload.transactional)
-    cpu = Cpu()
-    started = time.perf_counter()
+    watched = Watched(bootstrap, admin, topic, ends, workload, "plain")
+    loop = PlainLoop(bootstrap, watched.group, topic, watched.output, workload)
+    watched.start()
     loop.start()
     try:
-        ended = finish.wait(started)
-        cpu.stop()
+        watched.wait()
     finally:
         loop.stop()
-    records = sum(ends)
-    return Run(
-        seconds=ended - started,
-        first_record=loop.first - started,
-        records=records,
-        outputs=read_outputs(bootstrap, output, records),
-        cpu=cpu.seconds,
-        commits=loop.commits,
-    )
+    return watched.run(loop.first, commits=loop.commits)

@@ -3,7 +3,6 @@ timed, what it cost in CPU, and the read-back of its outputs (see ``bench.produc
 
 from __future__ import annotations
 
-import os
 import random
 import time
 import uuid
@@ -11,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from rich.progress import Progress
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
 
-from bench._report import console
+from bench._proc import thread_cpu
+from bench._topics import CONSUMER, create_topic, fill
 from sdk import Options, Output, ParallelConsumer, Record
 
 PARTITIONS = 12
@@ -26,7 +25,6 @@ PLAIN_COMMIT_EVERY = 0.1
 """The plain transactional loop commits every 100 ms."""
 PLAIN_BATCH = 1000
 """Records the plain loops take from ``consume`` at a time."""
-CONSUMER = {"session.timeout.ms": 6000, "auto.offset.reset": "earliest"}
 FETCH = {"fetch.queue.backoff.ms": 20}
 """What the engine sets for its consumer too (librdkafka's default of 1 s starves a consumer
 that drains its queue in bursts); the plain loops get the same."""
@@ -51,14 +49,11 @@ def sleep_5ms() -> None:
 # ---- topics ---------------------------------------------------------------------------------
 
 
-def create_topic(admin: AdminClient, name: str) -> None:
-    for future in admin.create_topics([NewTopic(name, PARTITIONS, 1)]).values():
-        future.result(30)
-    deadline = time.monotonic() + 30
-    while name not in admin.list_topics(timeout=10).topics:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"topic {name} did not appear")
-        time.sleep(0.05)
+def new_topic(admin: AdminClient, prefix: str) -> str:
+    """A new topic of ``PARTITIONS`` partitions, once the broker lists it."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    create_topic(admin, name, PARTITIONS, appear=True)
+    return name
 
 
 def value_of(i: int) -> bytes:
@@ -70,62 +65,15 @@ def produce_inputs(bootstrap: str, admin: AdminClient, records: int) -> tuple[st
     """A new input topic of ``records`` records spread round-robin over the partitions, with
     random keys; returns it and each partition's end offset (known from what was written: the
     brokers differ in how they report ends)."""
-    topic = f"produce-in-{uuid.uuid4().hex[:8]}"
-    create_topic(admin, topic)
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 20,
-            "batch.num.messages": 10_000,
-            "queue.buffering.max.messages": 2_000_000,
-        }
-    )
+    topic = new_topic(admin, "produce-in")
     rng = random.Random(1)
     keys = [f"key-{k}".encode() for k in range(KEYS)]
-    failed: list[str] = []
-
-    def delivered(error: KafkaError | None, _: Message) -> None:
-        if error is not None:
-            failed.append(error.str())
-
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"producing {records:,} records to {topic}", total=records)
-        for i in range(records):
-            producer.produce(
-                topic,
-                key=keys[rng.randrange(KEYS)],
-                value=value_of(i),
-                partition=i % PARTITIONS,
-                on_delivery=delivered,
-            )
-            if i % 20_000 == 0:
-                producer.poll(0)
-                progress.update(task, completed=i)
-        progress.update(task, completed=records, description="flushing")
-        if producer.flush(120) or failed:
-            raise SystemExit(f"producing the inputs failed: {failed[:3]}")
+    fill(bootstrap, topic, records, lambda i: keys[rng.randrange(KEYS)], PARTITIONS, value_of)
     ends = [len(range(p, records, PARTITIONS)) for p in range(PARTITIONS)]
     return topic, ends
 
 
 # ---- CPU ------------------------------------------------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu(pid: int | str = "self") -> dict[int, float]:
-    """CPU seconds (user and system) of each thread of a process, by thread id."""
-    found = {}
-    tasks = f"/proc/{pid}/task"
-    for tid in os.listdir(tasks):
-        try:
-            with open(f"{tasks}/{tid}/stat") as stat:
-                text = stat.read()
-        except OSError:
-            continue  # (it ended meanwhile)
-        fields = text[text.rindex(")") + 2 :].split()
-        found[int(tid)] = (int(fields[11]) + int(fields[12])) / _TICK
-    return found
 
 
 class Cpu:
@@ -279,6 +227,49 @@ class Run:
         return self.cpu / self.records * 1e6
 
 
+class Watched:
+    """One run of a consumer under test: its output topic and group (new), started with
+    :meth:`start`, over once :meth:`wait` returns, told as a :class:`Run` by :meth:`run`
+    (its outputs read back)."""
+
+    def __init__(
+        self, bootstrap: str, admin: AdminClient, topic: str, ends: list[int], workload: Workload,
+        name: str,
+    ) -> None:  # fmt: skip
+        self.bootstrap, self.ends = bootstrap, ends
+        self.output = new_topic(admin, "produce-out")
+        self.group = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.finish = Finish(
+            bootstrap, self.group, topic, ends, self.output, workload.transactional
+        )
+        self.started = self.ended = 0.0
+        self.cpu: Cpu | None = None
+
+    def start(self, cpu: bool = True) -> None:
+        """The run starts; with ``cpu``, the CPU of the threads this process starts from now
+        on counts as the consumer's."""
+        self.cpu = Cpu() if cpu else None
+        self.started = time.perf_counter()
+
+    def wait(self) -> None:
+        """Blocks until the run is over."""
+        self.ended = self.finish.wait(self.started)
+        if self.cpu is not None:
+            self.cpu.stop()
+
+    def run(self, first: float, **figures: Any) -> Run:
+        """The run, its first record handled at ``first`` (``time.perf_counter``)."""
+        records = sum(self.ends)
+        return Run(
+            seconds=self.ended - self.started,
+            first_record=first - self.started,
+            records=records,
+            outputs=read_outputs(self.bootstrap, self.output, records),
+            **({"cpu": self.cpu.seconds} if self.cpu is not None else {}),
+            **figures,
+        )
+
+
 # ---- the engine ------------------------------------------------------------------------------
 
 
@@ -306,20 +297,20 @@ def run_engine(
     workload: Workload,
     options: Options,
 ) -> Run:
-    output = f"produce-out-{uuid.uuid4().hex[:8]}"
-    create_topic(admin, output)
-    group = f"engine-{uuid.uuid4().hex[:8]}"
-    handler = Handler(output, workload.work)
+    watched = Watched(bootstrap, admin, topic, ends, workload, "engine")
+    handler = Handler(watched.output, workload.work)
     # client.id only names the producer's transactional.id (the group's name and it).
-    config = {"bootstrap.servers": bootstrap, "group.id": group, "client.id": "bench", **CONSUMER}
-    finish = Finish(bootstrap, group, topic, ends, output, workload.transactional)
-    cpu = Cpu()
-    started = time.perf_counter()
+    config = {
+        "bootstrap.servers": bootstrap,
+        "group.id": watched.group,
+        "client.id": "bench",
+        **CONSUMER,
+    }
+    watched.start()
     consumer = ParallelConsumer(config, [topic], handler, options, registry=None)
     consumer.start()
     try:
-        ended = finish.wait(started)
-        cpu.stop()
+        watched.wait()
         over = time.time()
         deadline = time.monotonic() + 5
         while consumer.stats().get("at", 0) <= over and time.monotonic() < deadline:
@@ -327,12 +318,4 @@ def run_engine(
         stats = consumer.stats()
     finally:
         consumer.stop(timeout=10)
-    records = sum(ends)
-    return Run(
-        seconds=ended - started,
-        first_record=handler.first - started,
-        records=records,
-        outputs=read_outputs(bootstrap, output, records),
-        cpu=cpu.seconds,
-        stats=stats.get("outputs", {}),
-    )
+    return watched.run(handler.first, stats=stats.get("outputs", {}))

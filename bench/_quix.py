@@ -16,14 +16,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from bench._produce_runs import Finish, Run, Workload, create_topic, read_outputs, thread_cpu
+from bench._proc import thread_cpu
+from bench._produce_runs import Run, Watched, Workload
 from bench._report import console
+from bench._venv import VenvPeer, make_venv, peer_env
 
 PEER = "quixstreams==3.28.1"
 SCRIPT = Path(__file__).resolve().parent / "quix_peer.py"
@@ -34,24 +34,10 @@ def venv_dir() -> Path:
     return Path(cache) / "kafka-gate" / "quix-venv"
 
 
-def _env() -> dict[str, str]:
-    """The peer's environment: none of this project on its path."""
-    return {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+class QuixPeer(VenvPeer):
+    """Quix Streams, installed on first use (see the module's docstring)."""
 
-
-class QuixPeer:
-    """``python`` is None when the peer cannot be set up (or was not asked for); ``note``
-    then says why."""
-
-    def __init__(self, python: str | None, enabled: bool = True) -> None:
-        self.python: str | None = None
-        self.note = "" if enabled else "Quix Streams skipped: --no-peer"
-        if not enabled:
-            return
-        try:
-            self.python = self._setup(python)
-        except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
-            self.note = f"Quix Streams skipped: {exc}"
+    label = "Quix Streams"
 
     @staticmethod
     def _setup(python: str | None) -> str:
@@ -59,21 +45,11 @@ class QuixPeer:
         venv_python = venv / "bin" / "python"
         if venv_python.exists():
             check = [str(venv_python), "-c", "import quixstreams"]
-            if subprocess.run(check, capture_output=True, env=_env(), check=False).returncode == 0:
+            found = subprocess.run(check, capture_output=True, env=peer_env(), check=False)
+            if found.returncode == 0:
                 return str(venv_python)
             shutil.rmtree(venv, ignore_errors=True)
-        base = python or sys.executable
-        console.print(f"setting up {PEER} in {venv} with {base}")
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([base, "-m", "venv", str(venv)], check=True, env=_env())
-        installed = subprocess.run(
-            [str(venv_python), "-m", "pip", "install", "-q", PEER],
-            capture_output=True, text=True, env=_env(), check=False,
-        )  # fmt: skip
-        if installed.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            raise RuntimeError(f"pip install {PEER} failed: {installed.stderr.strip()[-300:]}")
-        return str(venv_python)
+        return make_venv(venv, PEER, python or sys.executable)
 
     def run(
         self, bootstrap: str, admin: AdminClient, topic: str, ends: list[int], workload: Workload
@@ -81,17 +57,15 @@ class QuixPeer:
         """One run, or None when the peer is missing or failed."""
         if self.python is None:
             return None
-        output = f"produce-out-{uuid.uuid4().hex[:8]}"
-        create_topic(admin, output)
-        group = f"quix-{uuid.uuid4().hex[:8]}"
+        watched = Watched(bootstrap, admin, topic, ends, workload, "quix")
         guarantee = "exactly-once" if workload.transactional else "at-least-once"
         work = "noop" if workload.work is None else "sleep"
-        finish = Finish(bootstrap, group, topic, ends, output, workload.transactional)
+        command = [self.python, str(SCRIPT), bootstrap, topic, watched.output, watched.group,
+                   guarantee, work]  # fmt: skip
         with tempfile.TemporaryFile("w+") as errors:
             process = subprocess.Popen(
-                [self.python, str(SCRIPT), bootstrap, topic, output, group, guarantee, work],
-                stdout=subprocess.PIPE, stderr=errors, text=True, env=_env(),
-            )  # fmt: skip
+                command, stdout=subprocess.PIPE, stderr=errors, text=True, env=peer_env()
+            )
             try:
                 assert process.stdout is not None
                 if process.stdout.readline().strip() != "started":
@@ -100,8 +74,8 @@ class QuixPeer:
                     console.print(f"[yellow]Quix Streams did not start: {errors.read()[-500:]}")
                     return None
                 before = sum(thread_cpu(process.pid).values())
-                started = time.perf_counter()
-                ended = finish.wait(started)
+                watched.start(cpu=False)
+                watched.wait()
                 cpu = sum(thread_cpu(process.pid).values()) - before
             finally:
                 if process.poll() is None:
@@ -111,11 +85,5 @@ class QuixPeer:
                     except subprocess.TimeoutExpired:
                         process.kill()
                         process.wait(10)
-        records = sum(ends)
-        return Run(
-            seconds=ended - started,
-            first_record=float("nan"),  # (not known outside its process)
-            records=records,
-            outputs=read_outputs(bootstrap, output, records),
-            cpu=cpu,
-        )
+        # (when its first record was handled is not known outside its process)
+        return watched.run(float("nan"), cpu=cpu)

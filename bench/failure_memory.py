@@ -12,7 +12,6 @@ Run: ``python -m bench.failure_memory [--records 6000] [--values 20] [--buffer 3
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import threading
@@ -22,11 +21,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, TopicPartition
 
+from bench._options import add_broker, local_broker, parser
 from bench._report import console, table, write
-from gate._local import BROKERS
+from bench._topics import CONSUMER, create_topic, fill
 from sdk import Options, Ordering, ParallelConsumer, Record, RetriableError
 
 HANDLERS = ("thread", "coroutine", "batch")
@@ -77,12 +76,15 @@ def committed(bootstrap: str, group: str, topic: str) -> int:
 def run(bootstrap: str, kind: str, share: float, records: int, value: int, buffer: int) -> float:
     """MB the run added to Python's heap once every record was processed."""
     topic = f"memory-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for i in range(records):
-        producer.produce(topic, value=bytes([i % 256]) * value, key=b"k%d" % (i % 7), partition=0)
-    producer.flush(60)
+    create_topic(bootstrap, topic, 1)
+    fill(
+        bootstrap,
+        topic,
+        records,
+        key=lambda i: b"k%d" % (i % 7),
+        value=lambda i: bytes([i % 256]) * value,
+        config={"bootstrap.servers": bootstrap, "linger.ms": 5},
+    )
     group = f"memory-{uuid.uuid4().hex[:8]}"
     options = Options(
         ordering=Ordering.KEY,
@@ -93,8 +95,7 @@ def run(bootstrap: str, kind: str, share: float, records: int, value: int, buffe
     config = {
         "bootstrap.servers": bootstrap,
         "group.id": group,
-        "auto.offset.reset": "earliest",
-        "session.timeout.ms": 6000,
+        **CONSUMER,
         # noida-db answers a fetch with the whole partition, beyond librdkafka's default limit
         "receive.message.max.bytes": 1_000_000_000,
     }
@@ -119,18 +120,16 @@ def run(bootstrap: str, kind: str, share: float, records: int, value: int, buffe
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--records", type=int, default=6000)
-    parser.add_argument("--values", type=int, default=20, help="value size in KB")
-    parser.add_argument("--buffer", type=int, default=300, help="max_buffered")
-    parser.add_argument("--broker", choices=sorted(BROKERS), default="noida")
-    args = parser.parse_args()
+    options = parser(__doc__)
+    options.add_argument("--records", type=int, default=6000)
+    options.add_argument("--values", type=int, default=20, help="value size in KB")
+    options.add_argument("--buffer", type=int, default=300, help="max_buffered")
+    add_broker(options, "noida")
+    args = options.parse_args()
     value = args.values * 1000
     bound = 2 * args.buffer * value / 1e6
     rows = []
-    with BROKERS[args.broker]() as broker:
+    with local_broker(args.broker) as broker:
         for kind in HANDLERS:
             for share in (1.0, 0.01):
                 kept = run(broker.bootstrap, kind, share, args.records, value, args.buffer)

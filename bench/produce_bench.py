@@ -38,7 +38,6 @@ Run: ``python -m bench.produce_bench [--broker noida|tansu] [--records N] [--slo
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -47,6 +46,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
+from bench._options import add_broker, add_peer, local_broker, parser
 from bench._produce_loops import run_plain
 from bench._produce_runs import (
     KEYS,
@@ -58,8 +58,8 @@ from bench._produce_runs import (
     sleep_5ms,
 )
 from bench._quix import QuixPeer
-from bench._report import console, summary_ms, table, write
-from gate._local import BROKERS
+from bench._report import console, summary_ms, table, targets, write
+from bench._rounds import interleaved
 from sdk import CommitMode, Options
 from sdk.engine._compiled import COMPILED, PURE_REASON
 
@@ -90,21 +90,24 @@ def measure(
     }
     if peer.python is not None:
         variants[QUIX] = lambda: peer.run(bootstrap, admin, topic, ends, workload)
-    runs: dict[str, list[Run]] = {name: [] for name in variants}
-    names = list(variants)
-    for round_ in range(rounds):
-        turn = round_ % len(names)
-        for name in names[turn:] + names[:turn]:
-            console.print(f"[dim]{workload.name}: {name}, round {round_ + 1} of {rounds}")
-            run = variants[name]()
-            if run is None:
-                continue
-            runs[name].append(run)
+
+    def told(run: Run | None) -> Run | None:
+        if run is not None:
             console.print(
                 f"[dim]  {run.seconds:.2f} s ({run.rate:,.0f} records/s, "
                 f"{run.cpu_us:.2f} us CPU/record), first record at {run.first_record:.2f} s, "
                 f"outputs {run.outputs}"
             )
+        return run
+
+    runs = interleaved(
+        {name: lambda variant=variant: told(variant()) for name, variant in variants.items()},
+        rounds,
+        order="rotate",
+        announce=lambda name, round_: console.print(
+            f"[dim]{workload.name}: {name}, round {round_ + 1} of {rounds}"
+        ),
+    )
     runs = {name: found for name, found in runs.items() if found}
     rate = {name: statistics.median(r.rate for r in found) for name, found in runs.items()}
     cpu = {name: statistics.median(r.cpu_us for r in found) for name, found in runs.items()}
@@ -233,21 +236,18 @@ def verdicts(key: str, found: dict[str, Any]) -> list[tuple[str, bool]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--broker", choices=sorted(BROKERS), default="noida")
-    parser.add_argument(
+    options = parser(__doc__)
+    add_broker(options, "noida")
+    options.add_argument(
         "--records", type=int, default=240_000, help="inputs of the no-op workloads"
     )
-    parser.add_argument(
+    options.add_argument(
         "--slow-records", type=int, default=10_000, help="inputs of the 5 ms workloads"
     )
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--only", choices=sorted(WORKLOADS))
-    parser.add_argument("--no-peer", action="store_true", help="skip Quix Streams")
-    parser.add_argument("--peer-python", help="the interpreter of Quix Streams' virtualenv")
-    args = parser.parse_args()
+    options.add_argument("--rounds", type=int, default=6)
+    options.add_argument("--only", choices=sorted(WORKLOADS))
+    add_peer(options, "Quix Streams", "the interpreter of Quix Streams' virtualenv")
+    args = options.parse_args()
     results: dict[str, Any] = {
         "broker": args.broker,
         "args": vars(args),
@@ -260,7 +260,7 @@ def main() -> None:
         console.print(f"[yellow]{peer.note}")
     results["peer"] = peer.note or "quixstreams 3.28.1"
     verdict: list[tuple[str, bool]] = []
-    with BROKERS[args.broker]() as broker:
+    with local_broker(args.broker) as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         for key in WORKLOADS:
             if args.only not in (None, key):
@@ -288,7 +288,7 @@ def main() -> None:
         )  # fmt: skip
     name = "produce" if not args.only else f"produce-{args.only}"
     write(f"{name}-{args.broker}", results)
-    table("Targets", ["target", "met"], [[name, "yes" if ok else "NO"] for name, ok in verdict])
+    targets(verdict)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ Run: ``python -m bench.soak --duration 600 [--rate 200] [--kill-every 0] [--brok
 
 from __future__ import annotations
 
-import argparse
 import signal
 import tempfile
 import time
@@ -20,19 +19,16 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from bench._options import add_broker, parser
+from bench._proc import rss_bytes
 from bench._report import console, percentile, table, write
 from gate._local import BROKERS
 from tests.faults.harness import Scenario
 
 
 def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    found = rss_bytes(pid)
+    return None if found is None else found / 2**20
 
 
 def errors_in(workdir: Path) -> dict[str, int]:
@@ -46,14 +42,12 @@ def errors_in(workdir: Path) -> dict[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--duration", type=float, default=300.0, help="seconds to produce")
-    parser.add_argument("--rate", type=float, default=200.0, help="records per second")
-    parser.add_argument("--kill-every", type=float, default=0.0, help="kill -9 service A (s)")
-    parser.add_argument("--broker", choices=sorted(BROKERS), default="tansu")
-    args = parser.parse_args()
+    options = parser(__doc__)
+    options.add_argument("--duration", type=float, default=300.0, help="seconds to produce")
+    options.add_argument("--rate", type=float, default=200.0, help="records per second")
+    options.add_argument("--kill-every", type=float, default=0.0, help="kill -9 service A (s)")
+    add_broker(options, "tansu")
+    args = options.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
     scenario = Scenario(workdir, rate=args.rate, broker=BROKERS[args.broker])
