@@ -31,9 +31,9 @@ from gate import GateService, GateState, KafkaLog, parse_config, watermarks_key
 
 # Beyond the gate's public API: the service with its HTTP API in a thread, and the verdict
 # as the status page words it.
-from gate._report import verdict_json
-from gate._serve import ListenError, ServedGate
-from gate._service import present
+from gate.report._report import verdict_json
+from gate.serve._serve import ListenError, ServedGate
+from gate.service._service import present
 
 TOPIC = "payments"
 PARTITIONS = 3

@@ -14,41 +14,47 @@ from typing import TYPE_CHECKING, Any
 # The public names, imported on first use: the poller's child process and the Spark source's
 # executors import what they need of the gate without the HTTP service (FastAPI, Redis).
 _WHERE = {
-    "ConfigError": "gate._config",
-    "GateConfig": "gate._config",
-    "GateSpec": "gate._config",
-    "load_config": "gate._config",
-    "parse_config": "gate._config",
-    "snapshot_from_hash": "gate._redis",
-    "updates_channel": "gate._redis",
-    "watermarks_key": "gate._redis",
-    "make_poller": "gate._isolated",
-    "GateService": "gate._service",
-    "StartupError": "gate._service",
-    "DependencyStatus": "gate._state",
-    "GateState": "gate._state",
-    "KafkaLog": "gate._kafkalog",
-    "PollResult": "gate._state",
-    "Verdict": "gate._state",
-    "GateEvaluator": "gate._status",
-    "StatusPolicy": "gate._group",
-    "Partition": "gate._watermark",
-    "Snapshot": "gate._watermark",
-    "SnapshotError": "gate._watermark",
-    "compute_watermarks": "gate._watermark",
-    "is_released": "gate._watermark",
+    "Partition": "gate.evaluate._watermark",
+    "Snapshot": "gate.evaluate._watermark",
+    "SnapshotError": "gate.evaluate._watermark",
+    "compute_watermarks": "gate.evaluate._watermark",
+    "is_released": "gate.evaluate._watermark",
+    "DependencyStatus": "gate.evaluate._state",
+    "GateState": "gate.evaluate._state",
+    "PollResult": "gate.evaluate._state",
+    "Verdict": "gate.evaluate._state",
+    "StatusPolicy": "gate.evaluate._group",
+    "GateEvaluator": "gate.evaluate._status",
+    "KafkaLog": "gate.poll._kafkalog",
+    "make_poller": "gate.poll._isolated",
+    "snapshot_from_hash": "gate.publish._redis",
+    "updates_channel": "gate.publish._redis",
+    "watermarks_key": "gate.publish._redis",
+    "ConfigError": "gate.service._config",
+    "GateConfig": "gate.service._config",
+    "GateSpec": "gate.service._config",
+    "load_config": "gate.service._config",
+    "parse_config": "gate.service._config",
+    "GateService": "gate.service._service",
+    "StartupError": "gate.service._service",
 }
 
 if TYPE_CHECKING:
-    from gate._config import ConfigError, GateConfig, GateSpec, load_config, parse_config
-    from gate._group import StatusPolicy
-    from gate._isolated import make_poller
-    from gate._kafkalog import KafkaLog
-    from gate._redis import snapshot_from_hash, updates_channel, watermarks_key
-    from gate._service import GateService, StartupError
-    from gate._state import DependencyStatus, GateState, PollResult, Verdict
-    from gate._status import GateEvaluator
-    from gate._watermark import Partition, Snapshot, SnapshotError, compute_watermarks, is_released
+    from gate.evaluate._group import StatusPolicy
+    from gate.evaluate._state import DependencyStatus, GateState, PollResult, Verdict
+    from gate.evaluate._status import GateEvaluator
+    from gate.evaluate._watermark import (
+        Partition,
+        Snapshot,
+        SnapshotError,
+        compute_watermarks,
+        is_released,
+    )
+    from gate.poll._isolated import make_poller
+    from gate.poll._kafkalog import KafkaLog
+    from gate.publish._redis import snapshot_from_hash, updates_channel, watermarks_key
+    from gate.service._config import ConfigError, GateConfig, GateSpec, load_config, parse_config
+    from gate.service._service import GateService, StartupError
 
 
 def __getattr__(name: str) -> Any:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from gate._config import GateConfig, GateSpec
-from gate._poller import OFFSET_INVALID, describe_kafka_error
-from gate._status import closest
+from gate.evaluate._status import closest
+from gate.poll._poller import OFFSET_INVALID, describe_kafka_error
+from gate.service._config import GateConfig, GateSpec
 
 _QUIET = logging.getLogger("gate.check.kafka")
 _QUIET.propagate = False  # failures are reported as problems, not as librdkafka log lines

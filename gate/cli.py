@@ -16,7 +16,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from gate._config import ConfigError, GateConfig, load_config
+from gate.service._config import ConfigError, GateConfig, load_config
 
 app = typer.Typer(
     add_completion=True,
@@ -91,8 +91,8 @@ def setup_logging(level: str) -> None:
 @app.command()
 def serve(config: ConfigOption, log_level: LogLevel = "info") -> None:
     """Run the gate service: poll, publish watermarks over HTTP (and Redis)."""
-    from gate._serve import ListenError, bind, make_server
-    from gate._service import GateService, StartupError
+    from gate.serve._serve import ListenError, bind, make_server
+    from gate.service._service import GateService, StartupError
 
     setup_logging(log_level)
     cfg = _config(config)

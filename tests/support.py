@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gate import GateConfig, GateService, parse_config
-from gate._serve import ServedGate
+from gate.serve._serve import ServedGate
 
 T = TypeVar("T")
 

@@ -53,8 +53,9 @@ def test_the_sdk_imports_only_the_gates_public_names() -> None:
 
 
 def test_the_import_contracts_hold() -> None:
-    """pyproject.toml's contracts: the gate below the SDK, the SDK through the gate's API,
-    the pure core without I/O, the consumer's and the Spark source's layers."""
+    """pyproject.toml's contracts: the gate below the SDK, the demo above both, the SDK
+    through the gate's API, the gate's layers, its pure parts and the engine's core without
+    I/O, the consumer's and the Spark source's layers."""
     lint = Path(sys.executable).with_name("lint-imports")
     done = subprocess.run(
         [str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300

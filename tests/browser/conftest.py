@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gate._serve import ServedGate
+from gate.serve._serve import ServedGate
 from tests.browser.support import CHROMIUM_FLAGS, chromium_path
 from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gate._serve import ServedGate
+from gate.serve._serve import ServedGate
 from tests.browser.support import ARTIFACTS, wait_for_charts
 from tests.support import Kafka
 

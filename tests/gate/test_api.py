@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gate import GateEvaluator, GateService, PollResult, _answers
-from gate._api import create_app
-from gate._bodies import ServiceStatus
-from gate._status_bodies import GateHistoryBody, GateStatus
+from gate import GateEvaluator, GateService, PollResult
+from gate.report._status_bodies import GateHistoryBody, GateStatus
+from gate.serve import _answers
+from gate.serve._api import create_app
+from gate.serve._bodies import ServiceStatus
 from tests.support import gate_config
 
 

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gate import GateEvaluator, GateState, StatusPolicy
-from gate._isolated import IsolatedPoller
-from gate._state import GroupPositions
+from gate.evaluate._state import GroupPositions
+from gate.poll._isolated import IsolatedPoller
 from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 
 offsets = st.none() | st.integers(min_value=0, max_value=2**62)

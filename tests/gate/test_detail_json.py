@@ -1,5 +1,5 @@
 """The detail's partitions written as JSON directly are, byte for byte, what the API's JSON
-encoding makes of :func:`gate._report.gate_partitions`, whatever the positions: over random
+encoding makes of :func:`gate.report._report.gate_partitions`, whatever the positions: over random
 histories of commits and ends (groups without a commit, ends unknown, names that need
 escaping), every choice of groups, and ages read at and after the poll."""
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate import GateEvaluator, PollResult
-from gate._detail_json import partitions_json
-from gate._report import gate_partitions
+from gate.report._detail_json import partitions_json
+from gate.report._report import gate_partitions
 
 GROUPS = ["CG-B", 'a "quoted" group', "grüppe\\é", "CG-C"]
 """Group names, some of which JSON must escape (or, with ``ensure_ascii=False``, not)."""

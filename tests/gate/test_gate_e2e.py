@@ -24,7 +24,7 @@ from gate import (
     updates_channel,
     watermarks_key,
 )
-from gate._serve import ServedGate
+from gate.serve._serve import ServedGate
 from tests.support import Broker, Kafka, gate_config, serve_gate, unique, wait_until
 
 ARTICLE_B = {0: 30, 1: 30, 2: 10}
@@ -121,7 +121,7 @@ def test_article_example_end_to_end(kafka: Kafka, redis_url: str) -> None:
 
 
 def _epoch(iso: str) -> float:
-    from gate._watermark import parse_time
+    from gate.evaluate._watermark import parse_time
 
     return parse_time(iso)
 
@@ -474,7 +474,7 @@ def test_an_aborted_admin_client_costs_one_poll(kafka: Kafka) -> None:
     import os
     import signal
 
-    from gate._isolated import IsolatedPoller
+    from gate.poll._isolated import IsolatedPoller
 
     topic = kafka.create_topic(1)
     group = unique("CG")
@@ -502,7 +502,7 @@ def test_polls_through_the_child_process_stay_incremental(kafka: Kafka) -> None:
     a pipe's latency later, was taken). The child sends only the groups whose offsets
     changed."""
     from gate import GateEvaluator
-    from gate._isolated import IsolatedPoller
+    from gate.poll._isolated import IsolatedPoller
 
     topic = kafka.create_topic(2)
     groups = [unique("CG") for _ in range(3)]
@@ -536,7 +536,7 @@ def test_an_admin_client_whose_group_reads_keep_failing_is_replaced(
     good while metadata still answers: once every group read has failed for three request
     timeouts the poller starts a new client (and says so), and the gate reads the groups
     again."""
-    from gate._isolated import IsolatedPoller
+    from gate.poll._isolated import IsolatedPoller
 
     kafka = Kafka(local_broker.bootstrap, broker)
     topic, group = kafka.create_topic(1), unique("CG")

@@ -14,8 +14,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from gate import DependencyStatus, GateEvaluator, PollResult
-from gate._isolated import IsolatedPoller
-from gate._poller import OffsetPoller
+from gate.poll._isolated import IsolatedPoller
+from gate.poll._poller import OffsetPoller
 from tests.gate.scripted import ScriptedAdmin
 from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 

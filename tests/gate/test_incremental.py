@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from gate import DependencyStatus, GateEvaluator, GateState, PollResult, StatusPolicy
-from gate._state import GroupLag
+from gate.evaluate._state import GroupLag
 
 GROUPS = ["b", "c", "d"]
 TOPIC = "t"

@@ -17,10 +17,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.core import GaugeMetricFamily
 
-from gate import GateEvaluator, GateService, PollResult, _report
-from gate._api import create_app
-from gate._history import GateHistory
-from gate._state import GroupPositions
+from gate import GateEvaluator, GateService, PollResult
+from gate.evaluate._history import GateHistory
+from gate.evaluate._state import GroupPositions
+from gate.report import _report
+from gate.serve._api import create_app
 from tests.gate.scripted import Clocks
 from tests.gate.test_service import LIMIT, Served
 from tests.support import gate_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate._lag import MAX_SAMPLES, EndHistory
+from gate.evaluate._lag import MAX_SAMPLES, EndHistory
 
 
 def replay(appended: list[int], poll: float = 1.0) -> tuple[EndHistory, list[tuple[float, float]]]:

@@ -6,7 +6,7 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate._limits import TokenBucket
+from gate.serve._limits import TokenBucket
 from tests.support import Kafka, gate_config, serve_gate, unique, wait_until
 
 

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from gate._events import FIT_AGAIN_CYCLES, Overruns, cycle_timing
-from gate._metrics import GateMetrics
+from gate.service._events import FIT_AGAIN_CYCLES, Overruns, cycle_timing
+from gate.service._metrics import GateMetrics
 from tests.gate.scripted import Clocks
 from tests.gate.test_service import Served
 

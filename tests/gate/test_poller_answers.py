@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate._poller import OffsetPoller, read_offsets
+from gate.poll._poller import OffsetPoller, read_offsets
 from tests.gate.scripted import ScriptedAdmin
 from tests.support import Kafka, unique
 

@@ -21,19 +21,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate import GateEvaluator, PollResult
-from gate._isolated import IsolatedPoller
-from gate._lag import EXACT_GAP, MAX_SEEDS, EndHistory
-from gate._poller import OffsetPoller
-from gate._record_times import (
+from gate.evaluate._lag import EXACT_GAP, MAX_SEEDS, EndHistory
+from gate.evaluate._state import RecordAt
+from gate.evaluate._status import ASK_AGAIN_AFTER, WANTED_PER_PARTITION
+from gate.poll._isolated import IsolatedPoller
+from gate.poll._poller import OffsetPoller
+from gate.poll._record_times import (
     RecordReader,
     answer,
     offsets_by_partition,
     reader_properties,
     seed_record_times,
 )
-from gate._report import gate_status
-from gate._state import RecordAt
-from gate._status import ASK_AGAIN_AFTER, WANTED_PER_PARTITION
+from gate.report._report import gate_status
 from tests.support import KEEP_FOREVER, Kafka, unique
 
 T0 = 10_000.0

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gate import Snapshot, SnapshotError, snapshot_from_hash
-from gate._redis import snapshot_fields
+from gate.publish._redis import snapshot_fields
 
 snapshots = st.builds(
     Snapshot,

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant
 
 from gate import DependencyStatus, GateState
-from gate._report import gate_status, gate_summary
-from gate._state import SEVERITY, GroupPosition, GroupPositions, PartitionState, Position
-from gate._watermark import Snapshot, format_time
+from gate.evaluate._state import SEVERITY, GroupPosition, GroupPositions, PartitionState, Position
+from gate.evaluate._watermark import Snapshot, format_time
+from gate.report._report import gate_status, gate_summary
 from tests.gate.test_incremental import IncrementalAgainstFull
 
 

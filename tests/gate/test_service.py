@@ -11,8 +11,8 @@ from confluent_kafka.admin import AdminClient
 from fastapi.testclient import TestClient
 
 from gate import GateService, StatusPolicy
-from gate._api import create_app
-from gate._bodies import ServiceStatus
+from gate.serve._api import create_app
+from gate.serve._bodies import ServiceStatus
 from tests.gate.scripted import Clocks, ScriptedAdmin
 from tests.support import gate_config, wait_until
 

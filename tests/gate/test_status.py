@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate import DependencyStatus, GateEvaluator, PollResult, StatusPolicy
-from gate._report import gate_summary
+from gate.report._report import gate_summary
 
 OK, LAGGING, STALLED, REWOUND, MISSING = (
     DependencyStatus.OK,

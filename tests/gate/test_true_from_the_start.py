@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate import DependencyStatus, GateEvaluator, PollResult, StatusPolicy
-from gate._report import gate_status, gate_summary
 from gate._statusview import render
+from gate.report._report import gate_status, gate_summary
 
 LAGGING = DependencyStatus.LAGGING
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate import DependencyStatus, GateEvaluator, PollResult, StatusPolicy
-from gate._report import gate_summary
+from gate.report._report import gate_summary
 
 OK, LAGGING, BEHIND, STALLED = (
     DependencyStatus.OK,

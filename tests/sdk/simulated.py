@@ -42,7 +42,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from gate._watermark import Snapshot
+from gate.evaluate._watermark import Snapshot
 from sdk import Gate, Options, ParallelConsumer
 from sdk.consumer._maps import OffsetMaps
 from sdk.consumer._runners import Work

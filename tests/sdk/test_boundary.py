@@ -28,7 +28,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
 import sdk.engine._compiled
-from gate._watermark import Snapshot, SnapshotError
+from gate.evaluate._watermark import Snapshot, SnapshotError
 from sdk import Gate, Options, Ordering, ParallelConsumer, Record
 from sdk.engine._compiled import CORE, DIGESTS, PURE_ENV, source_digests, why_pure
 from sdk.gating._view import SourceState, WatermarkView, plain_snapshot

@@ -14,8 +14,8 @@ import redis as redis_client
 
 from demo._local import LocalRedis, free_port
 from gate import GateService, Snapshot, updates_channel, watermarks_key
-from gate._redis import snapshot_fields
-from gate._serve import ServedGate
+from gate.publish._redis import snapshot_fields
+from gate.serve._serve import ServedGate
 from sdk import EmbeddedSource, Gate, GateError, GateTimeout, HttpSource, RedisSource, gated
 from sdk.gating._view import SourceState, WatermarkView
 from tests.support import Kafka, gate_config, unique, wait_until

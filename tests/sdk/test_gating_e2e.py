@@ -18,7 +18,7 @@ import pytest
 
 from demo._local import LocalRedis
 from gate import GateService
-from gate._serve import ServedGate
+from gate.serve._serve import ServedGate
 from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, ParallelConsumer, RedisSource
 from tests.sdk.gating_support import DependencyService, Starts, violations
 from tests.support import Kafka, gate_config, unique, wait_until

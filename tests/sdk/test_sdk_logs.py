@@ -10,7 +10,7 @@ import pytest
 
 from demo._local import free_port
 from gate import GateService
-from gate._serve import ServedGate
+from gate.serve._serve import ServedGate
 from sdk import EmbeddedSource, Gate, HttpSource, Options, ParallelConsumer
 from tests.sdk.engine_support import CONSUMER
 from tests.support import Kafka, gate_config, unique, wait_until

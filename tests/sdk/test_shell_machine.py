@@ -78,7 +78,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gate._watermark import Snapshot
+from gate.evaluate._watermark import Snapshot
 from sdk import CommitMode, Gate, Options, Ordering, Output, RetriableError, TerminalError
 from sdk.consumer._transactions import TransactionError
 from sdk.engine._offsets import encode_offset_map, parse_base, read_offset_map

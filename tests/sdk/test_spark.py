@@ -18,7 +18,7 @@ pyspark = pytest.importorskip("pyspark")
 
 from demo._local import free_port  # noqa: E402
 from gate import GateService, Snapshot  # noqa: E402
-from gate._serve import ServedGate  # noqa: E402
+from gate.serve._serve import ServedGate  # noqa: E402
 from sdk.spark import ProgressCommitter, kafka_ending_offsets, local_session  # noqa: E402
 from sdk.spark._plan import cap  # noqa: E402
 from tests.support import (  # noqa: E402

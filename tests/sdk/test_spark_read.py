@@ -560,14 +560,14 @@ def test_the_executor_side_does_not_import_the_engine() -> None:
     code = (
         "import sys, sdk.spark._stream\n"
         "assert 'sdk.consumer._parallel' not in sys.modules, 'engine imported'\n"
-        "assert 'gate._service' not in sys.modules, 'gate service imported'\n"
+        "assert 'gate.service._service' not in sys.modules, 'gate service imported'\n"
         "assert 'redis' not in sys.modules, 'redis imported'\n"
         "import sdk, gate\n"
         "for name in sdk.__all__:\n"
         "    exec(f'from sdk import {name}')\n"
         "for name in gate.__all__:\n"
         "    exec(f'from gate import {name}')\n"
-        "assert 'sdk.consumer._parallel' in sys.modules and 'gate._service' in sys.modules\n"
+        "assert 'sdk.consumer._parallel' in sys.modules and 'gate.service._service' in sys.modules\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300

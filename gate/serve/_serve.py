@@ -9,8 +9,8 @@ import time
 
 import uvicorn
 
-from gate._api import create_app
-from gate._service import GateService
+from gate.serve._api import create_app
+from gate.service._service import GateService
 
 
 class ListenError(OSError):

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from gate._service import GateService
+from gate.service._service import GateService
 
 T = TypeVar("T")
 

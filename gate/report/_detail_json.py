@@ -3,7 +3,7 @@
 At 1,000 groups x 64 partitions the detail lists 64,000 group positions: making a dict of
 each and encoding them with :mod:`json` took about 0.35 s of the serving process per state;
 writing each position's text from its tuple takes a fraction of it. The text is exactly
-what ``json.dumps`` (as the API encodes) makes of :func:`gate._report.gate_partitions`'s
+what ``json.dumps`` (as the API encodes) makes of :func:`gate.report._report.gate_partitions`'s
 answer: ``tests/gate/test_detail_json.py`` checks it byte for byte.
 """
 
@@ -14,9 +14,9 @@ import math
 from collections.abc import Collection
 from typing import Any
 
-from gate._state import SEVERITY, GateState, PartitionState, position_tuples
-from gate._status_bodies import GroupsShown
-from gate._watermark import format_time
+from gate.evaluate._state import SEVERITY, GateState, PartitionState, position_tuples
+from gate.evaluate._watermark import format_time
+from gate.report._status_bodies import GroupsShown
 
 _STATUS = tuple(json.dumps(status.value) for status in SEVERITY)
 _INFINITE = (math.inf, -math.inf)

@@ -18,7 +18,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from gate._watermark import Snapshot, SnapshotError, format_time, parse_partition, parse_time
+from gate.evaluate._watermark import (
+    Snapshot,
+    SnapshotError,
+    format_time,
+    parse_partition,
+    parse_time,
+)
 
 
 def watermarks_key(prefix: str, gate: str) -> str:

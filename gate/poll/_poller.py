@@ -2,7 +2,7 @@
 
 ``AdminClient.list_consumer_group_offsets`` accepts one group per call, so one poll issues a
 call per dependency group at once and waits for all of them together. Everything a poll saw
-comes back as one :class:`~gate._status.PollResult`; failures are reported in it, never
+comes back as one :class:`~gate.evaluate._status.PollResult`; failures are reported in it, never
 raised, so the caller can keep serving the last good snapshot.
 """
 
@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from gate._kafkalog import KafkaLog, describe_kafka_error
-from gate._record_times import RecordReader
-from gate._state import PollResult, RecordAt
-from gate._watermark import Partition
+from gate.evaluate._state import PollResult, RecordAt
+from gate.evaluate._watermark import Partition
+from gate.poll._kafkalog import KafkaLog, describe_kafka_error
+from gate.poll._record_times import RecordReader
 
 log = logging.getLogger("gate.poller")
 

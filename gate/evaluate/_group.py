@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from gate._lag import EndHistory
-from gate._state import (
+from gate.evaluate._lag import EndHistory
+from gate.evaluate._state import (
     _MISSING_RANK,
     _OK_RANK,
     _RANK,
@@ -27,7 +27,7 @@ from gate._state import (
     Position,
     Rewind,
 )
-from gate._watermark import Partition
+from gate.evaluate._watermark import Partition
 
 RewindPolicy = Literal["follow", "keep_highest"]
 
@@ -244,8 +244,8 @@ def evaluate_group(
     when all of it holds while its offsets and the end offsets stay as they are.
 
     It runs for every group on every partition whenever records arrive, so it is written for
-    speed: positions are plain tuples (:data:`gate._state.Position`), and nothing is looked up
-    twice."""
+    speed: positions are plain tuples (:data:`gate.evaluate._state.Position`), and nothing is
+    looked up twice."""
     keep_highest = policy.rewind_policy == "keep_highest"
     stall_after = policy.stall_after
     rewind_window = policy.rewind_window

@@ -1,4 +1,4 @@
-"""The offset poller in a child process of its own (``python -m gate._pollproc``), so that
+"""The offset poller in a child process of its own (``python -m gate.poll._pollproc``), so that
 librdkafka aborting the admin client's process ends only the child; and :func:`make_poller`,
 which picks it whenever the configuration can cross to a child process.
 """
@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient
 
-from gate._frames import read_frame, write_frame
-from gate._kafkalog import KafkaLog
-from gate._poller import OffsetPoller
-from gate._record_times import RECORD_TIMES_TIMEOUT
-from gate._state import GateState, PollResult, RecordAt
-from gate._watermark import Partition
+from gate.evaluate._state import GateState, PollResult, RecordAt
+from gate.evaluate._watermark import Partition
+from gate.poll._frames import read_frame, write_frame
+from gate.poll._kafkalog import KafkaLog
+from gate.poll._poller import OffsetPoller
+from gate.poll._record_times import RECORD_TIMES_TIMEOUT
 
 if TYPE_CHECKING:
-    from gate._status import GateEvaluator
+    from gate.evaluate._status import GateEvaluator
 
 log = logging.getLogger("gate.poller")
 
@@ -43,7 +43,7 @@ class IsolatedPoller:
     ``rd_kafka_enq_once_del_source_return``; librdkafka issues 3663 and 4605), which a broker
     restart triggers. Here such an abort ends only the child: the poll is reported failed
     (the last snapshot stays in force) and a new child takes over for the next poll.
-    The child is ``python -m gate._pollproc``: it never imports the caller's main module. The
+    The child is ``python -m gate.poll._pollproc``: it never imports the caller's main module. The
     configuration must be picklable (no callables); :func:`make_poller` falls back to an
     in-process poller otherwise.
 
@@ -53,8 +53,8 @@ class IsolatedPoller:
     After :meth:`evaluate`, the child evaluates the gates too, and each poll leaves their
     states in :attr:`evaluated`: the process that serves HTTP then spends no time on them.
     The child then also reads the timestamps of the records its gates want after each poll
-    (see :func:`gate._record_times.seed_record_times`); otherwise :meth:`record_times` reads them
-    there.
+    (see :func:`gate.poll._record_times.seed_record_times`); otherwise :meth:`record_times`
+    reads them there.
     """
 
     def __init__(
@@ -111,7 +111,7 @@ class IsolatedPoller:
     def _start(self) -> None:
         self._received: dict[str, dict[Partition, int]] = {}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "gate._pollproc"],
+            [sys.executable, "-m", "gate.poll._pollproc"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             preexec_fn=functools.partial(_die_with_parent, self._niceness),
@@ -168,7 +168,7 @@ class IsolatedPoller:
 
     def record_times(self, records: Collection[RecordAt]) -> dict[RecordAt, float | None]:
         """The timestamps of ``records``, read in the child (see
-        :meth:`gate._poller.RecordReader.read`); nothing while no child runs. A child that
+        :meth:`gate.poll._poller.RecordReader.read`); nothing while no child runs. A child that
         ends meanwhile is replaced at the next poll."""
         process = self._process
         if not records or process is None:

@@ -1,5 +1,5 @@
 """What ``/status`` says about a gate, built from its state (the shape it has is documented
-in :mod:`gate._status_bodies`).
+in :mod:`gate.report._status_bodies`).
 
 Ages are computed here, by the server, when the answer is built (clients never need their
 own clock); times are ISO 8601 in UTC.
@@ -11,16 +11,16 @@ from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gate._state import (
+from gate.evaluate._state import (
     SEVERITY,
     GateState,
     PartitionState,
     Verdict,
     position_tuples,
 )
-from gate._status_bodies import GroupsShown
-from gate._verdict import EARLY
-from gate._watermark import format_time
+from gate.evaluate._verdict import EARLY
+from gate.evaluate._watermark import format_time
+from gate.report._status_bodies import GroupsShown
 
 
 def _age(at: float | None, now: float) -> float | None:
@@ -289,8 +289,8 @@ def gate_status(
     """The summary, and per partition its offsets and the positions of the groups ``groups``
     and ``named`` choose: at 1,000 groups x 64 partitions every position makes a 10 MB
     answer, the ones holding each partition back 0.1–1.2 MB (most of it the summary). The
-    API writes the same JSON from the summary and ``gate._detail_json`` (kept per state by
-    ``gate._answers``); this is its model, which the tests compare it with."""
+    API writes the same JSON from the summary and ``gate.report._detail_json`` (kept per state by
+    ``gate.serve._answers``); this is its model, which the tests compare it with."""
     body = gate_summary(state, now, stale_after, errors)
     body["partitions"] = gate_partitions(state, now, groups, named)
     return body

@@ -1,28 +1,28 @@
-"""The admin client's own process: ``python -m gate._pollproc``, driven by
-:class:`~gate._isolated.IsolatedPoller` over its standard input and output.
+"""The admin client's own process: ``python -m gate.poll._pollproc``, driven by
+:class:`~gate.poll._isolated.IsolatedPoller` over its standard input and output.
 
 Frames are a 4-byte big-endian length and a pickle. The first frame from the parent holds the
 poller's arguments and the gates to evaluate here (each as ``(gate, topics, groups,
 dependent, incremental)``; none: the parent evaluates). Then each ``("poll", settings)``,
-``settings`` holding each gate's :class:`~gate._group.StatusPolicy` and version floor, is
-answered with a tuple of:
+``settings`` holding each gate's :class:`~gate.evaluate._group.StatusPolicy` and version
+floor, is answered with a tuple of:
 
-- a :class:`~gate._state.PollResult` whose ``committed`` holds only the groups whose offsets
-  differ from this process's previous answer (a fleet of idle groups costs the parent almost
-  nothing to read);
+- a :class:`~gate.evaluate._state.PollResult` whose ``committed`` holds only the groups whose
+  offsets differ from this process's previous answer (a fleet of idle groups costs the parent
+  almost nothing to read);
 - the groups read with the same offsets as then;
-- per gate the poll could refresh, its :class:`~gate._state.GateState`, or the message of the
-  exception its evaluation raised (the positions cross as one blob per partition, decoded
-  only when read: see :class:`~gate._state.GroupPositions`);
+- per gate the poll could refresh, its :class:`~gate.evaluate._state.GateState`, or the
+  message of the exception its evaluation raised (the positions cross as one blob per
+  partition, decoded only when read: see :class:`~gate.evaluate._state.GroupPositions`);
 - the seconds the evaluation took;
 
 or with the exception a poll raised, until ``"stop"`` or the end of the input. The evaluation
 runs here, not in the process that serves HTTP: at 1,000 groups a poll where records arrived
 everywhere takes a quarter of a second of an interpreter. After answering a poll, this process
 reads the timestamps of the records its gates want (see
-:func:`gate._record_times.seed_record_times`): nothing when they want none. ``("times", records)``
-is answered with the timestamps of those records (see
-:meth:`gate._poller.RecordReader.read`). Standard output carries nothing else: anything
+:func:`gate.poll._record_times.seed_record_times`): nothing when they want none.
+``("times", records)`` is answered with the timestamps of those records (see
+:meth:`gate.poll._record_times.RecordReader.read`). Standard output carries nothing else: anything
 printed goes to standard error.
 """
 
@@ -37,14 +37,14 @@ import time
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING
 
-from gate._frames import read_frame, write_frame
-from gate._watermark import Partition
+from gate.evaluate._watermark import Partition
+from gate.poll._frames import read_frame, write_frame
 
 if TYPE_CHECKING:
-    from gate._group import StatusPolicy
-    from gate._poller import OffsetPoller
-    from gate._state import GateState, PollResult
-    from gate._status import GateEvaluator
+    from gate.evaluate._group import StatusPolicy
+    from gate.evaluate._state import GateState, PollResult
+    from gate.evaluate._status import GateEvaluator
+    from gate.poll._poller import OffsetPoller
 
 log = logging.getLogger("gate")
 
@@ -59,8 +59,8 @@ def main() -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from gate._poller import OffsetPoller
-    from gate._status import GateEvaluator
+    from gate.evaluate._status import GateEvaluator
+    from gate.poll._poller import OffsetPoller
 
     properties, topics_by_group, options, gates = read_frame(requests)
     poller = OffsetPoller(properties, topics_by_group, **options)
@@ -81,7 +81,7 @@ def serve(
     evaluators: Mapping[str, GateEvaluator],
 ) -> None:
     """Answer the parent's commands until ``"stop"`` or the end of the input."""
-    from gate._record_times import seed_record_times
+    from gate.poll._record_times import seed_record_times
 
     failures: dict[str, str] = {}
     seeding_failed: str | None = None

@@ -8,8 +8,8 @@ history to tell, in the spirit of LinkedIn Burrow, whether each dependency group
   seconds;
 * LAGGING: its lag (in records) right after each of its commits has not fallen once across
   the whole ``lag_window``, has grown over it, and is more than ``lag_threshold`` seconds
-  (see :class:`gate._group.Track`: a group that commits less often than the gate polls is judged
-  across its commits);
+  (see :class:`gate.evaluate._group.Track`: a group that commits less often than the gate
+  polls is judged across its commits);
 * BEHIND: its oldest unprocessed record is older than ``behind_after`` seconds, whether its
   lag grows or not (a lag that is large but steady is not OK either);
 * STALLED: it has lag and its committed offset has not moved for ``stall_after`` seconds (a
@@ -17,11 +17,11 @@ history to tell, in the spirit of LinkedIn Burrow, whether each dependency group
 * REWOUND: its committed offset went backwards within ``rewind_window``;
 * MISSING: no committed offset (never committed there, deleted, or its offsets expired).
 
-Lag is given in records and in seconds (``gate._lag``: the age of the oldest record the group
-has not processed). A partition is *held* by the group (or groups, when tied) whose offset is
-the watermark, and only while records wait there. The gate's :class:`Verdict` tells a healthy
-flow ("flowing: N records in transit, released within T, held back by G") from an alarm
-("stuck since T on G", or a topic or partition that does not exist), and, when the gate
+Lag is given in records and in seconds (``gate.evaluate._lag``: the age of the oldest record
+the group has not processed). A partition is *held* by the group (or groups, when tied) whose
+offset is the watermark, and only while records wait there. The gate's :class:`Verdict` tells
+a healthy flow ("flowing: N records in transit, released within T, held back by G") from an
+alarm ("stuck since T on G", or a topic or partition that does not exist), and, when the gate
 knows the dependent's own group, whether the dependent itself is the bottleneck (records
 released to it that it has not processed yet).
 
@@ -29,7 +29,7 @@ Records older than the gate's first poll have only lower bounds for their age, u
 timestamps place them: :meth:`GateEvaluator.wanted_times` names the records whose timestamps
 would make an age of the last state exact, the poller reads them, and
 :meth:`GateEvaluator.seed` takes them in for the next state
-(:func:`gate._record_times.seed_record_times` does the three for a set of gates).
+(:func:`gate.poll._record_times.seed_record_times` does the three for a set of gates).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gate._group import GroupResult, StatusPolicy, Track, evaluate_group
-from gate._lag import EndHistory
-from gate._state import (
+from gate.evaluate._group import GroupResult, StatusPolicy, Track, evaluate_group
+from gate.evaluate._lag import EndHistory
+from gate.evaluate._state import (
     GateState,
     GroupPositions,
     LogReset,
@@ -52,8 +52,8 @@ from gate._state import (
     RecordAt,
     Rewind,
 )
-from gate._verdict import judge
-from gate._watermark import Partition, Snapshot, compute_watermarks
+from gate.evaluate._verdict import judge
+from gate.evaluate._watermark import Partition, Snapshot, compute_watermarks
 
 SHIFT_TOLERANCE = 0.01
 """Seconds the offset between the wall and monotonic clocks may drift from the one used so
@@ -435,7 +435,7 @@ class GateEvaluator:
     def seed(self, times: Mapping[RecordAt, float | None]) -> int:
         """Take in the timestamps read for records (seconds since the epoch, on the clock of
         the broker or the producer; None: the record is gone, or has none): each places its
-        record in its partition's history (see :meth:`gate._lag.EndHistory.seed`), and the
+        record in its partition's history (see :meth:`gate.evaluate._lag.EndHistory.seed`), and the
         next state's ages there are exact. Records on other partitions are left alone. A
         record answered is never asked for again, whether its time was taken or not.
         Returns how many were taken."""

@@ -1,10 +1,10 @@
 """Reading the timestamps of a few records, for the ages of records older than the gate.
 
-The gate learns when records arrived from its own history of end offsets (``gate._lag``);
+The gate learns when records arrived from its own history of end offsets (``gate.evaluate._lag``);
 records appended before it started are known only as "at least this old" until their own
 timestamps are read. :class:`RecordReader` reads them with a consumer of its own (assigned
 only, never subscribed, committing nothing); :func:`seed_record_times` asks the gates which
-records they want (:meth:`~gate._status.GateEvaluator.wanted_times`) and gives them what
+records they want (:meth:`~gate.evaluate._status.GateEvaluator.wanted_times`) and gives them what
 was read.
 """
 
@@ -26,10 +26,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from gate._kafkalog import KafkaLog, describe_kafka_error
-from gate._state import RecordAt
-from gate._status import WANTED_AT_MOST
-from gate._watermark import Partition
+from gate.evaluate._state import RecordAt
+from gate.evaluate._status import WANTED_AT_MOST
+from gate.evaluate._watermark import Partition
+from gate.poll._kafkalog import KafkaLog, describe_kafka_error
 
 log = logging.getLogger("gate.poller")
 
@@ -312,7 +312,7 @@ def seed_record_times(
     limit: int = WANTED_AT_MOST,
 ) -> int:
     """Read, with ``read``, the timestamps of the records the gates want (at most ``limit``,
-    each once; see :meth:`gate._status.GateEvaluator.wanted_times`) and give them to every
+    each once; see :meth:`gate.evaluate._status.GateEvaluator.wanted_times`) and give them to every
     gate. Nothing is read when no gate wants any: the usual case once the records older than
     the gate are processed. Returns how many records were asked for."""
     gates = list(evaluators)

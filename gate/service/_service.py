@@ -12,15 +12,15 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
-from gate._config import GateConfig, GateSpec
-from gate._events import GateEvents, Overruns, cycle_timing
-from gate._isolated import IsolatedPoller, make_poller
-from gate._metrics import GateMetrics
-from gate._poller import OffsetPoller, describe_kafka_error
-from gate._publish import RedisPublisher, SnapshotStore
-from gate._record_times import seed_record_times
-from gate._state import GateState, PollResult
-from gate._status import GateEvaluator
+from gate.evaluate._state import GateState, PollResult
+from gate.evaluate._status import GateEvaluator
+from gate.poll._isolated import IsolatedPoller, make_poller
+from gate.poll._poller import OffsetPoller, describe_kafka_error
+from gate.poll._record_times import seed_record_times
+from gate.publish._publish import RedisPublisher, SnapshotStore
+from gate.service._config import GateConfig, GateSpec
+from gate.service._events import GateEvents, Overruns, cycle_timing
+from gate.service._metrics import GateMetrics
 
 log = logging.getLogger("gate")
 

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from gate._group import StatusPolicy
+from gate.evaluate._group import StatusPolicy
 
 TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"

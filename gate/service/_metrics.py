@@ -2,7 +2,7 @@
 
 The service's own series (polls, their duration and errors, Redis) are counted as things
 happen; the gates' series are produced from their latest states (a custom collector,
-:mod:`gate._series`), so a poll costs nothing extra however many groups and partitions are
+:mod:`gate.service._series`), so a poll costs nothing extra however many groups and partitions are
 watched, built once per poll cycle and kept; what depends on the moment of a scrape (each
 snapshot's age, whether the last poll refreshed each gate, the time since the cluster last
 answered, Redis' health) is made at each scrape (:class:`_Live`).
@@ -28,9 +28,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gate._config import GateConfig
-from gate._publish import RedisPublisher, SnapshotStore
-from gate._series import GateSeries
+from gate.publish._publish import RedisPublisher, SnapshotStore
+from gate.service._config import GateConfig
+from gate.service._series import GateSeries
 
 
 class Watched(Protocol):

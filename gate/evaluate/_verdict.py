@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Literal
 
-from gate._state import (
+from gate.evaluate._state import (
     _RANK,
     STALLED,
     PartitionState,

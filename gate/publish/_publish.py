@@ -17,15 +17,15 @@ from collections.abc import Iterable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gate._history import GateHistory
-from gate._redis import (
+from gate.evaluate._history import GateHistory
+from gate.evaluate._state import GateState
+from gate.publish._redis import (
     PUBLISH_SCRIPT,
     snapshot_fields,
     snapshot_message,
     updates_channel,
     watermarks_key,
 )
-from gate._state import GateState
 
 log = logging.getLogger("gate.publish")
 

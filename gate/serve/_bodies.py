@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gate._status_bodies import GateSummary
+from gate.report._status_bodies import GateSummary
 
 MAX_OFFSET = 2**53 - 1
 """Largest offset the API accepts: JSON's safe integer (285 years at a million records per

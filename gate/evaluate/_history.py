@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from gate._state import GateState
+from gate.evaluate._state import GateState
 
 
 class GateHistory:

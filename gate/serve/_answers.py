@@ -27,11 +27,11 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gate._detail_json import partitions_json
-from gate._history import GateHistory
-from gate._report import gate_summary, verdict_json
-from gate._state import GateState
-from gate._status_bodies import GroupsShown
+from gate.evaluate._history import GateHistory
+from gate.evaluate._state import GateState
+from gate.report._detail_json import partitions_json
+from gate.report._report import gate_summary, verdict_json
+from gate.report._status_bodies import GroupsShown
 
 Choice = tuple[GroupsShown, tuple[str, ...]]
 """Which groups a detail or history lists: ``groups`` and the groups named (in order)."""

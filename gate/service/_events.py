@@ -9,9 +9,9 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gate._metrics import GateMetrics
-from gate._report import verdict_json
-from gate._state import MISSING, REWOUND, STALLED, DependencyStatus, GateState
+from gate.evaluate._state import MISSING, REWOUND, STALLED, DependencyStatus, GateState
+from gate.report._report import verdict_json
+from gate.service._metrics import GateMetrics
 
 log = logging.getLogger("gate")
 

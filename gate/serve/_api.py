@@ -1,9 +1,9 @@
 """The gate's HTTP API (FastAPI): the app, its API token, request limits and error handling.
 
-Its routes: the release API (``gate._release_api``: ``GET /ready`` answers 200 when a record
+Its routes: the release API (``gate.serve._release_api``: ``GET /ready`` answers 200 when a record
 is released and 425 Too Early when it is not yet, the body naming the dependency groups that
 are behind and by how much; ``wait=<seconds>`` turns it into a long-poll) and the operator's
-(``gate._status_api``). Errors are always JSON: ``{"error": <code>, "message": <one line>}``.
+(``gate.serve._status_api``). Errors are always JSON: ``{"error": <code>, "message": <one line>}``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gate._bodies import ERROR_RESPONSES, ApiError
-from gate._limits import RequestLimits
-from gate._release_api import add_release_routes
-from gate._service import GateService
-from gate._status_api import add_status_routes
+from gate.serve._bodies import ERROR_RESPONSES, ApiError
+from gate.serve._limits import RequestLimits
+from gate.serve._release_api import add_release_routes
+from gate.serve._status_api import add_status_routes
+from gate.service._service import GateService
 
 log = logging.getLogger("gate.api")
 

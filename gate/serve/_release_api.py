@@ -13,7 +13,9 @@ from fastapi import Depends, FastAPI, Header, Path, Request, params
 from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from gate._bodies import (
+from gate.evaluate._state import GateState
+from gate.evaluate._watermark import format_time
+from gate.serve._bodies import (
     ERROR_RESPONSES,
     NOT_READY,
     READY_PARAMETERS,
@@ -25,10 +27,8 @@ from gate._bodies import (
     SnapshotBody,
     parse_ready_query,
 )
-from gate._service import GateService, present
-from gate._state import GateState
-from gate._waits import Stopping, unless_stopping
-from gate._watermark import format_time
+from gate.serve._waits import Stopping, unless_stopping
+from gate.service._service import GateService, present
 
 
 def known_gate(service: GateService, gate: str) -> tuple[GateState | None, list[str]]:

@@ -18,14 +18,14 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from gate._answers import Answers, Choice, Pieces, choice, dumps
-from gate._bodies import ApiError, Liveness, Probe, ServiceStatus
-from gate._release_api import known_gate
-from gate._service import GateService
-from gate._state import GateState
-from gate._status_bodies import GateHistoryBody, GateStatus, GroupsShown
-from gate._waits import Stopping, unless_stopping
-from gate._watermark import format_time
+from gate.evaluate._state import GateState
+from gate.evaluate._watermark import format_time
+from gate.report._status_bodies import GateHistoryBody, GateStatus, GroupsShown
+from gate.serve._answers import Answers, Choice, Pieces, choice, dumps
+from gate.serve._bodies import ApiError, Liveness, Probe, ServiceStatus
+from gate.serve._release_api import known_gate
+from gate.serve._waits import Stopping, unless_stopping
+from gate.service._service import GateService
 
 STATIC = FilePath(__file__).resolve().parent / "static"
 STATUS_PAGE = STATIC / "index.html"
@@ -73,7 +73,7 @@ def add_status_routes(app: FastAPI, service: GateService, protected: list[params
     )
     async def status_all() -> Response:
         """The service (made at each ask) and each gate's summary (kept per state: see
-        ``gate._answers``)."""
+        ``gate.serve._answers``)."""
         asked = [
             (name, service.store.latest(name), tuple(service.failing.get(name, ())))
             for name in service.config.gates

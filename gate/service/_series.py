@@ -4,7 +4,7 @@ kept, formatted, until a poll brings new states.
 The series per partition and per group and partition are a function of the states alone
 (their ages, as their lags, are as of each state's poll), so every scrape between two polls
 gets the same bytes; what depends on the moment of the scrape (the snapshots' ages, whether
-the last poll refreshed a gate, the service's counters) is in :mod:`gate._metrics`, made at
+the last poll refreshed a gate, the service's counters) is in :mod:`gate.service._metrics`, made at
 each scrape. The series per group and partition are exposed for at most
 ``status.metrics_group_partitions_max`` groups x partitions over the whole service: gates in
 the configuration's order have theirs while they fit in what is left; every gate's groups'
@@ -23,9 +23,9 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gate._config import GateConfig
-from gate._publish import SnapshotStore
-from gate._state import SEVERITY, DependencyStatus, GateState, position_tuples
+from gate.evaluate._state import SEVERITY, DependencyStatus, GateState, position_tuples
+from gate.publish._publish import SnapshotStore
+from gate.service._config import GateConfig
 
 log = logging.getLogger("gate.metrics")
 

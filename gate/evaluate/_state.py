@@ -1,7 +1,7 @@
 """What one evaluation of a gate says: its partitions, dependency groups and verdict.
 
-The data :class:`~gate._status.GateEvaluator` produces from each :class:`PollResult`; nothing
-here computes anything.
+The data :class:`~gate.evaluate._status.GateEvaluator` produces from each
+:class:`PollResult`; nothing here computes anything.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, NamedTuple
 
-from gate._watermark import Partition, Snapshot
+from gate.evaluate._watermark import Partition, Snapshot
 
 
 class DependencyStatus(StrEnum):
