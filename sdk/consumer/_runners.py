@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from sdk.consumer._batches import Batches
 from sdk.consumer._work import BREAKS_BEFORE_HOLDING, Work, forget_frames
 from sdk.engine._record import Record
 from sdk.engine._shards import NOT_STARTED, Entry, Item
@@ -104,7 +105,9 @@ class ThreadRunner:
     def _worker(self) -> None:
         latency = Latency()
         self.latencies.append(latency)
-        items, inbox, run = self.items, self.inbox, self.work.run
+        work = self.work
+        items, inbox = self.items, self.inbox
+        run = Batches(work).run if work.batch else work.run
         outputs = self.work.outputs
         while True:
             item = items.get()
@@ -159,6 +162,7 @@ class AsyncRunner:
         self, work: Work, concurrency: int, inbox: queue.SimpleQueue[tuple[Any, ...]]
     ) -> None:
         self.work = work
+        self.batches = Batches(work)
         self.inbox = inbox
         self.limit = concurrency
         self.queued_items = max(1, concurrency // 4)
@@ -303,12 +307,12 @@ class AsyncRunner:
         return results
 
     async def _run_batch(self, entries: list[Entry]) -> list[Any]:
-        work = self.work
-        results, records, runnable = work.prepare_batch(entries)
+        work, batches = self.work, self.batches
+        results, records, runnable = batches.prepare(entries)
         if records:
             deliveries = work.deliveries()
             error = await self._call_batch(records, deliveries)
-            if error is not None and work.isolates(error, records):
+            if error is not None and batches.isolates(error, records):
                 forget_frames(error)
                 for i, record in zip(runnable, records, strict=True):
                     alone = await self._call_batch([record], deliveries)
@@ -316,9 +320,9 @@ class AsyncRunner:
                         results[i] = alone
                         work.failed(record, alone)
             elif error is not None:
-                work.batch_failed(results, records, runnable, error)
+                batches.failed(results, records, runnable, error)
             if deliveries is not None and deliveries.awaited:
-                settle = work.settle_batch(records, runnable, deliveries)
+                settle = batches.settle(records, runnable, deliveries)
                 return Awaiting(results, deliveries, settle)
         return results
 

@@ -29,10 +29,11 @@ from typing import Any
 from sdk.consumer._failure_log import FailureLog
 from sdk.engine._failures import DecodeError, RetriableError, TerminalError, describe
 from sdk.engine._options import Options
-from sdk.engine._record import Record, batch_records
+from sdk.engine._record import Record
 from sdk.engine._shards import NOT_STARTED, Entry, Item
 from sdk.produce._deliveries import Awaiting, Deliveries, TransactionLock
-from sdk.produce._output import Output, Outputs, ProduceError, outputs_of
+from sdk.produce._output import Output, ProduceError, outputs_of
+from sdk.produce._producer import Outputs
 
 log = logging.getLogger("sdk.handler")
 
@@ -122,8 +123,6 @@ class Work:
         to wait for, ``item.finished`` counts the records done so far (the consumer's thread
         reads it, so a long item's commits need not wait for its end)."""
         entries = item.entries
-        if self.batch:
-            return self.run_batch(entries)
         results: list[Any] = []
         append = results.append
         stopped: set[object] = set()
@@ -211,14 +210,6 @@ class Work:
 
         return settle
 
-    def settle_batch(
-        self, records: list[Record], runnable: list[int], deliveries: Deliveries
-    ) -> Callable[[list[Any], dict[int, str]], None]:
-        def settle(results: list[Any], errors: dict[int, str]) -> None:
-            self.batch_acknowledged(results, records, runnable, deliveries.given(), errors)
-
-        return settle
-
     def emit(
         self,
         returned: Any,
@@ -280,120 +271,6 @@ class Work:
                     stopped.add(self.stop_mark(entry))
             elif results[i] is None and stopped and self.stopped(entry, stopped):
                 results[i] = NOT_STARTED
-
-    def prepare_batch(self, entries: list[Entry]) -> tuple[list[Any], list[Record], list[int]]:
-        """Records of a batch that may run, and results already known: undecodable records,
-        and records that may not start (a revoked partition, a lowered release limit)."""
-        results: list[Any] = [None] * len(entries)
-        may_start = self.may_start
-        outputs = self.outputs
-        if not self.check_decoding and (outputs is None or not outputs.breakers):
-            for entry in entries:
-                if not may_start(entry):
-                    break
-            else:
-                records = batch_records(entries, *self.deserializers)
-                return results, records, list(range(len(entries)))
-        records, runnable = [], []
-        for i, entry in enumerate(entries):
-            if not may_start(entry):
-                results[i] = NOT_STARTED
-                continue
-            record = self.record(entry)
-            bad = self.undecodable(record) or self.broke_transactions(entry)
-            if bad is not None:
-                results[i] = bad
-                self.failed(record, bad)
-            else:
-                records.append(record)
-                runnable.append(i)
-        return results, records, runnable
-
-    def batch_failed(
-        self, results: list[Any], records: list[Record], runnable: list[int], error: BaseException
-    ) -> None:
-        for i, record in zip(runnable, records, strict=True):
-            results[i] = error
-            self.failed(record, error, forget=False)
-        forget_frames(error)
-
-    def isolates(self, error: BaseException, records: list[Record]) -> bool:
-        """Whether a batch's failure is final for its records (a ``TerminalError``, or the
-        last attempt of one of them): then each is tried again on its own first, so only a
-        record that fails by itself is given up (dead-lettered, skipped or held)."""
-        if len(records) < 2:
-            return False
-        if isinstance(error, TerminalError):
-            return True
-        most = self.options.max_attempts
-        return most is not None and any(record.attempt >= most for record in records)
-
-    def call_batch(
-        self, records: list[Record], deliveries: Deliveries | None
-    ) -> BaseException | None:
-        """Call a batch handler (with the hooks around it) and produce its outputs; returns
-        what it raised, or the outputs' failure."""
-        try:
-            if self.plain:
-                returned = self.handler(records)
-            else:
-                for record in records:
-                    self.hook("before_handle", record)
-                returned = self.handler(records)
-                for record in records:
-                    self.hook("after_handle", record)
-        except BaseException as exc:  # SystemExit too: a worker must never die of it
-            return exc
-        if returned is None:
-            return None
-        if deliveries is None:
-            return None
-        return self.emit(returned, deliveries, deliveries.new_call(), records)
-
-    def run_batch(self, entries: list[Entry]) -> list[Any]:
-        results, records, runnable = self.prepare_batch(entries)
-        if records:
-            deliveries = self.deliveries()
-            error = self.call_batch(records, deliveries)
-            if error is not None and self.isolates(error, records):
-                forget_frames(error)
-                for i, record in zip(runnable, records, strict=True):
-                    alone = self.call_batch([record], deliveries)
-                    if alone is not None:
-                        results[i] = alone
-                        self.failed(record, alone)
-            elif error is not None:
-                self.batch_failed(results, records, runnable, error)
-            if deliveries is not None and deliveries.awaited:
-                settle = self.settle_batch(records, runnable, deliveries)
-                return Awaiting(results, deliveries, settle)
-        return results
-
-    def batch_acknowledged(
-        self,
-        results: list[Any],
-        records: list[Record],
-        runnable: list[int],
-        calls: dict[int, list[Record]],
-        errors: dict[int, str],
-    ) -> None:
-        """A handler call whose outputs failed fails every record it was given."""
-        if not errors:
-            return
-        if self.outputs is not None:
-            self.outputs.delivery_failed(len(errors))
-        where = {id(record): i for i, record in zip(runnable, records, strict=True)}
-        for call, why in errors.items():
-            given = calls.get(call)
-            if given is None:
-                continue
-            error = ProduceError(f"an output was not delivered: {why}")
-            for record in given:
-                i = where[id(record)]
-                if results[i] is None:
-                    results[i] = error
-                    self.failed(record, error, forget=False)
-            forget_frames(error)
 
 
 def forget_frames(error: BaseException) -> None:

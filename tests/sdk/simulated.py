@@ -44,6 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from gate.evaluate._watermark import Snapshot
 from sdk import Gate, Options, ParallelConsumer
+from sdk.consumer._batches import Batches
 from sdk.consumer._maps import OffsetMaps
 from sdk.consumer._runners import Work
 from sdk.consumer._transactions import TransactionalCommitter
@@ -52,7 +53,8 @@ from sdk.engine._failures import FailurePolicy
 from sdk.engine._record import Record
 from sdk.engine._shards import Entry, Item
 from sdk.gating._view import SourceState
-from sdk.produce._output import Awaiting, Outputs
+from sdk.produce._deliveries import Awaiting
+from sdk.produce._producer import Outputs
 
 TP = tuple[str, int]
 
@@ -818,7 +820,7 @@ class SimOutputs(Outputs):
 
 
 class SimWorker:
-    """A worker running one item step by step, as ``Work.run`` and ``Work.run_batch`` do,
+    """A worker running one item step by step, as ``Work.run`` and ``Batches.run`` do,
     with the engine's own ``Work``: outputs are produced by ``Work.emit`` (through the
     engine's ``Outputs``), delivery reports applied by ``Work.acknowledged``. Handlers are
     given by the test, per record (or batch): ``handler(entries, record_or_records)``
@@ -884,24 +886,25 @@ class SimWorker:
 
     def run_batch(self, handler: Callable[[list[Entry], Any], Any]) -> None:
         """Run the whole item as one batch (then each record alone, when the batch's failure
-        is final for its records), as ``Work.run_batch`` does."""
+        is final for its records), as ``Batches.run`` does."""
         work, entries = self.work, self.item.entries
-        results, records, runnable = work.prepare_batch(entries)
+        batches = Batches(work)
+        results, records, runnable = batches.prepare(entries)
         self.results, self.batch = results, (records, runnable)
         if not records:
             return
         by_record = {id(record): entries[i] for i, record in zip(runnable, records, strict=True)}
         work.handler = lambda given: handler([by_record[id(r)] for r in given], given)
         try:
-            error = work.call_batch(records, self.deliveries)
-            if error is not None and work.isolates(error, records):
+            error = batches.call(records, self.deliveries)
+            if error is not None and batches.isolates(error, records):
                 for i, record in zip(runnable, records, strict=True):
-                    alone = work.call_batch([record], self.deliveries)
+                    alone = batches.call([record], self.deliveries)
                     if alone is not None:
                         results[i] = alone
                         work.failed(record, alone)
             elif error is not None:
-                work.batch_failed(results, records, runnable, error)
+                batches.failed(results, records, runnable, error)
         finally:
             work.handler = _no_handler
 
@@ -917,7 +920,7 @@ class SimWorker:
             work = self.work
             if self.batch is not None:
                 records, runnable = self.batch
-                settle = work.settle_batch(records, runnable, self.deliveries)
+                settle = Batches(work).settle(records, runnable, self.deliveries)
             else:
                 settle = work.settle_records(self.item.entries, self.deliveries)
             return Awaiting(self.results, self.deliveries, settle)

@@ -22,6 +22,7 @@ from sdk import (
     RetriableError,
     TerminalError,
 )
+from sdk.consumer._batches import Batches
 from sdk.consumer._runners import AsyncRunner, Work
 from sdk.consumer._transactions import TransactionError
 from sdk.engine._core import NOT_STARTED
@@ -727,7 +728,7 @@ def test_a_worker_does_not_start_records_of_a_partition_revoked_after_they_were_
         def handle_batch(records: list[Any]) -> None:
             ran.extend(record.offset for record in records)
 
-        results = Work(handle_batch, Options(batch_size=3)).run(item)
+        results = Batches(Work(handle_batch, Options(batch_size=3))).run(item)
     else:
         results = Work(lambda record: ran.append(record.offset), Options()).run(item)
     assert ran == [0, 2]
