@@ -32,7 +32,7 @@ import sdk.engine._compiled  # noqa: F401 - chooses the compiled or the pure cor
 _WHERE = {
     "EngineError": "sdk.consumer._parallel",
     "ParallelConsumer": "sdk.consumer._parallel",
-    "stop_on_signals": "sdk.consumer._parallel",
+    "stop_on_signals": "sdk.consumer._signals",
     "DecodeError": "sdk.engine._failures",
     "RetriableError": "sdk.engine._failures",
     "TerminalError": "sdk.engine._failures",
@@ -59,7 +59,8 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:
-    from sdk.consumer._parallel import EngineError, ParallelConsumer, stop_on_signals
+    from sdk.consumer._parallel import EngineError, ParallelConsumer
+    from sdk.consumer._signals import stop_on_signals
     from sdk.engine._failures import DecodeError, RetriableError, TerminalError
     from sdk.engine._offsets import OffsetMapError, decode_offset_map, encode_offset_map
     from sdk.engine._options import (

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from sdk.consumer import _stats
 from sdk.consumer._errors import EngineError
 from sdk.engine._core import TP, Entry, WorkCore
-from sdk.produce._output import Awaiting
+from sdk.produce._deliveries import Awaiting
 
 if TYPE_CHECKING:
     from sdk.consumer._commits import Committer
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from sdk.engine._options import Options
     from sdk.engine._sizing import ItemSizer
     from sdk.produce._dead_letters import DeadLetters
-    from sdk.produce._output import Outputs
+    from sdk.produce._producer import Outputs
 
 log = logging.getLogger("sdk")
 

@@ -16,7 +16,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -25,6 +24,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from gate import KafkaLog
 from sdk.consumer import _collector
 from sdk.consumer._commits import Committer
+from sdk.consumer._config import consumer_config, failure_policy, output_config
 from sdk.consumer._errors import EngineError
 from sdk.consumer._holds import Holds
 from sdk.consumer._loop import ConsumerLoop
@@ -38,14 +38,15 @@ from sdk.consumer._runners import (
     Work,
     is_coroutine_handler,
 )
-from sdk.consumer._transactions import TransactionalCommitter, transactional_id
+from sdk.consumer._signals import stop_while_running
+from sdk.consumer._transactions import TransactionalCommitter
 from sdk.engine._core import WorkCore
-from sdk.engine._failures import FailurePolicy
 from sdk.engine._options import CONSUMER_ONLY, CommitMode, Options, OptionsError
 from sdk.engine._sizing import ItemSizer
 from sdk.gating._gating import Gate
 from sdk.produce._dead_letters import DeadLetters
-from sdk.produce._output import Awaiting, Outputs
+from sdk.produce._deliveries import Awaiting
+from sdk.produce._producer import Outputs
 
 log = logging.getLogger("sdk")
 
@@ -73,41 +74,16 @@ class ParallelConsumer(ConsumerLoop):
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         self.options = options = options or Options()
-        if not config.get("group.id"):
-            raise OptionsError("config: 'group.id' is required")
-        if str(config.get("enable.auto.commit", "false")).lower() == "true":
-            raise OptionsError("config: enable.auto.commit must be false (the engine commits)")
-        if (
-            isinstance(topics, str)
-            or not topics
-            or not all(isinstance(t, str) and t for t in topics)
-        ):
-            raise OptionsError("topics: must be a non-empty list of topic names")
-        if not callable(handler):
-            raise OptionsError("handler: must be callable")
-        self.config = {
-            # librdkafka postpones fetching for 1 s once its local queue is over threshold; the
-            # engine drains that queue in bursts into its own buffer, and with the default it
-            # would starve for most of each second.
-            "fetch.queue.backoff.ms": 20,
-            **config,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-        }
+        self.config = consumer_config(config, topics, handler)
         self.group = str(config["group.id"])
         self.transactional = options.commit_mode == CommitMode.TRANSACTIONAL
-        self.producer_config = self._output_config(producer_config or {})
+        self.producer_config = output_config(
+            self.config, producer_config or {}, self.transactional, self.group
+        )
         self.topics = list(topics)
         self.handler = handler
         self.gate = gate
         self.registry = registry
-        failures = FailurePolicy(
-            max_attempts=options.max_attempts,
-            retry_delay=options.retry_delay,
-            on_exhausted=options.on_exhausted,
-            dead_letters=options.dead_letter_topic is not None,
-            decode_errors_to_dead_letters=options.on_decode_error == "dead_letter",
-        )
         # One topic by name (librdkafka reads a name starting with "^" as a pattern): every
         # record fetched is of it.
         named = len(self.topics) == 1 and not self.topics[0].startswith("^")
@@ -115,7 +91,7 @@ class ParallelConsumer(ConsumerLoop):
         self.core = WorkCore(
             options.ordering,
             null_keys=options.null_keys,
-            failures=failures,
+            failures=failure_policy(options),
             max_retrying=options.max_retrying,
             process_delay=options.process_delay,
             buffer_limit=options.buffer_limit,
@@ -181,27 +157,6 @@ class ParallelConsumer(ConsumerLoop):
     def _rewind(self, consumer: Consumer) -> None:
         self._rebalancer.rewind(consumer)
 
-    def _output_config(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """The producer's settings: the consumer's connection and security settings, then
-        the engine's defaults, then ``producer_config``."""
-        if not isinstance(given, Mapping):
-            raise OptionsError("producer_config: must be a mapping of librdkafka properties")
-        config = {k: v for k, v in self.config.items() if k not in CONSUMER_ONLY}
-        config.pop("fetch.queue.backoff.ms", None)
-        config["enable.idempotence"] = True  # per output partition: in order, no duplicates
-        config["linger.ms"] = 1
-        config.update(given)
-        if self.transactional:
-            config.setdefault("transactional.id", transactional_id(self.group, self.config))
-            # Only failed deliveries are reported (they break the transaction): no callback
-            # runs for the outputs that arrive.
-            config["delivery.report.only.error"] = True
-        elif config.get("transactional.id"):
-            raise OptionsError(
-                "producer_config: transactional.id is for commit_mode=CommitMode.TRANSACTIONAL"
-            )
-        return config
-
     def _monotonic(self) -> float:
         return self._mono()
 
@@ -217,7 +172,7 @@ class ParallelConsumer(ConsumerLoop):
             raise RuntimeError("this consumer has already run")
         self._started.set()
         self._loop_thread = threading.current_thread()
-        restore = self._stop_on_signals()
+        restore = stop_while_running(self)
         collector = _collector.raise_threshold(self.options.gc_threshold)
         try:
             self._open()
@@ -237,20 +192,6 @@ class ParallelConsumer(ConsumerLoop):
             self._finished.set()
             for signum, handler in restore.items():
                 signal.signal(signum, handler)
-
-    def _stop_on_signals(self) -> dict[int, Any]:
-        """Turn Ctrl-C and SIGTERM into a graceful stop while running, unless someone else
-        handles them; the handlers to restore afterwards."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-        stop = _two_stage_stop(self, timeout=30.0)
-        restore: dict[int, Any] = {}
-        for signum, default in defaults.items():
-            if signal.getsignal(signum) is default:  # else stop_on_signals, or the app's own
-                signal.signal(signum, stop)
-                restore[signum] = default
-        return restore
 
     def start(self) -> ParallelConsumer:
         """Run in a background thread; returns at once."""
@@ -472,36 +413,3 @@ class ParallelConsumer(ConsumerLoop):
             self.gate.view.remove_listener(self._on_watermarks)
             if self._owns_gate:
                 self.gate.stop()
-
-
-def stop_on_signals(
-    consumer: ParallelConsumer,
-    *,
-    timeout: float = 30.0,
-    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
-) -> None:
-    """First signal: graceful stop (drain in-flight records for up to ``timeout`` seconds).
-    Second signal: stop at once. Call from the main thread."""
-    handle = _two_stage_stop(consumer, timeout)
-    for sig in signals:
-        signal.signal(sig, handle)
-
-
-def _two_stage_stop(
-    consumer: ParallelConsumer, timeout: float
-) -> Callable[[int, FrameType | None], None]:
-    """A signal handler: the first signal stops gracefully, the next one at once."""
-    received = 0
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        nonlocal received
-        received += 1
-        log.info(
-            "signal %s: %s stop%s",
-            signal.Signals(signum).name,
-            "graceful" if received == 1 else "immediate",
-            " (again to stop at once)" if received == 1 else "",
-        )
-        consumer.stop(drain=received == 1, timeout=timeout, wait=False)
-
-    return handle

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sdk.engine._core import WorkCore
     from sdk.engine._options import Options
     from sdk.gating._gating import Gate
-    from sdk.produce._output import Outputs
+    from sdk.produce._producer import Outputs
 
 log = logging.getLogger("sdk")
 

@@ -55,21 +55,18 @@ transaction.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
-import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from typing import Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from sdk.consumer._commits import Committer
-from sdk.consumer._errors import EngineError
+from sdk.consumer._fencing import FENCED_HINT, TransactionError, error_text, kind_of
 from sdk.consumer._maps import OffsetMaps
 from sdk.engine._core import TP, WorkCore
-from sdk.produce._output import Outputs
+from sdk.produce._producer import Outputs
 
 log = logging.getLogger("sdk")
 
@@ -78,57 +75,7 @@ TIMEOUT = 30.0
 RESUME_TIMEOUT = 1.0
 """Seconds a retried ``init_transactions`` may take on a turn of the loop (the call resumes
 where the one before it timed out)."""
-_UNNAMED = itertools.count(1)
-_FENCED = {
-    KafkaError._FENCED,
-    KafkaError.PRODUCER_FENCED,
-    KafkaError.INVALID_PRODUCER_EPOCH,
-}
-
 State = Literal["renewing", "between", "open", "closing", "committing", "dead"]
-
-
-class TransactionError(EngineError):
-    """The transactional producer failed for good (fenced, or unusable)."""
-
-
-def transactional_id(group: str, config: Mapping[str, Any]) -> str:
-    """The ``transactional.id`` used when none is given. With ``group.instance.id`` (static
-    membership) it is ``<group.id>.<group.instance.id>``: stable across restarts, so a
-    restarted member fences its predecessor and aborts its open transaction at once.
-    Otherwise it is unique to the process (host name, process id and a count of such
-    consumers): never ``client.id``, which replicas of a service commonly share, and two
-    replicas sharing a ``transactional.id`` would fence each other."""
-    member = config.get("group.instance.id")
-    if not member:  # (one more per consumer: two members in one process must not fence)
-        member = f"{socket.gethostname()}-{os.getpid()}-{next(_UNNAMED)}"
-        log.info(
-            "exactly-once without group.instance.id: transactional.id %s.%s is this "
-            "process's own, so after a crash read_committed readers of the outputs wait for "
-            "its open transaction to time out (transaction.timeout.ms); set group.instance.id "
-            "for a restarted member to abort it at once",
-            group,
-            member,
-        )
-    return f"{group}.{member}"
-
-
-def kind_of(exc: KafkaException) -> str:
-    """What a failed transactional call means: ``fenced`` (another producer took the
-    ``transactional.id`` over), ``fatal`` (the producer is unusable), ``abortable``,
-    ``retriable`` (including a timeout) or ``other``."""
-    error = exc.args[0] if exc.args else None
-    if not isinstance(error, KafkaError):
-        return "other"
-    if error.code() in _FENCED or (error.fatal() and "fenced" in error.str().lower()):
-        return "fenced"
-    if error.fatal():
-        return "fatal"
-    if error.txn_requires_abort():
-        return "abortable"
-    if error.retriable() or error.code() == KafkaError._TIMED_OUT:
-        return "retriable"
-    return "other"
 
 
 class TransactionalCommitter(Committer):
@@ -222,8 +169,8 @@ class TransactionalCommitter(Committer):
                     return
                 self.state = "dead"
                 raise TransactionError(
-                    f"could not initialise transactions: {_text(exc)}"
-                    + (_FENCED_HINT if kind == "fenced" else "")
+                    f"could not initialise transactions: {error_text(exc)}"
+                    + (FENCED_HINT if kind == "fenced" else "")
                 ) from None
             if self.retrying_since is not None:
                 log.warning(
@@ -246,7 +193,7 @@ class TransactionalCommitter(Committer):
         except KafkaException as exc:
             if kind_of(exc) == "fenced":
                 self._dies(exc)
-            self._renew(f"could not begin a transaction: {_text(exc)}")
+            self._renew(f"could not begin a transaction: {error_text(exc)}")
             return
         self.state = "open"
         self.pending = False
@@ -261,10 +208,10 @@ class TransactionalCommitter(Committer):
             log.warning(
                 "initialising the transactional producer failed (%s): retrying with nothing "
                 "handed out meanwhile",
-                _text(exc),
+                error_text(exc),
             )
         else:
-            log.debug("initialising the transactional producer: %s", _text(exc))
+            log.debug("initialising the transactional producer: %s", error_text(exc))
 
     def commit(
         self,
@@ -345,7 +292,7 @@ class TransactionalCommitter(Committer):
             # flight may land after an abort: this producer begins no other transaction. A
             # new producer's initialisation fences them (a new epoch) and resolves the
             # transaction before the committed offsets are read again.
-            self._abort_by_renewal(consumer, f"the commit failed: {_text(exc)}")
+            self._abort_by_renewal(consumer, f"the commit failed: {error_text(exc)}")
             return True
         if self.outputs.broken is not None:
             self.abort(consumer, self.outputs.broken)
@@ -388,8 +335,9 @@ class TransactionalCommitter(Committer):
             except KafkaException as exc:
                 if kind_of(exc) == "fenced":
                     self._dies(exc)
-                log.warning("aborting the transaction: %s (replacing the producer)", _text(exc))
-                self._renew(f"the abort failed: {_text(exc)}")
+                why = error_text(exc)
+                log.warning("aborting the transaction: %s (replacing the producer)", why)
+                self._renew(f"the abort failed: {why}")
                 self.rewind_due = True
                 self._advance(consumer, TIMEOUT)
                 return
@@ -436,7 +384,7 @@ class TransactionalCommitter(Committer):
         self.state = "dead"
         self.pending = False
         raise TransactionError(
-            f"the transactional producer was fenced: {_text(exc)}{_FENCED_HINT}"
+            f"the transactional producer was fenced: {error_text(exc)}{FENCED_HINT}"
         ) from None
 
     def failed(self, exc: KafkaException) -> None:
@@ -447,13 +395,13 @@ class TransactionalCommitter(Committer):
         if kind == "fenced":
             self._dies(exc)
         if kind != "fatal" or self.state == "dead":
-            log.warning("the transactional producer reported: %s", _text(exc))
+            log.warning("the transactional producer reported: %s", error_text(exc))
             return
-        log.warning("the transactional producer failed (%s): replacing it", _text(exc))
+        log.warning("the transactional producer failed (%s): replacing it", error_text(exc))
         if self.open or self.state == "committing":
-            self._aborting(f"the producer failed: {_text(exc)}")
+            self._aborting(f"the producer failed: {error_text(exc)}")
             self.rewind_due = True
-        self._renew(_text(exc))
+        self._renew(error_text(exc))
 
     def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """(Offsets are committed in transactions: the consumer commits nothing itself.)"""
@@ -465,16 +413,6 @@ class TransactionalCommitter(Committer):
             try:
                 self.outputs.producer.abort_transaction(5.0)
             except KafkaException as exc:
-                log.warning("aborting the last transaction: %s", _text(exc))
+                log.warning("aborting the last transaction: %s", error_text(exc))
         if self.state != "dead":
             self.state = "between"
-
-
-_FENCED_HINT = (
-    " (another process with the same transactional.id, or group.instance.id, has taken over)"
-)
-
-
-def _text(exc: KafkaException) -> str:
-    error = exc.args[0] if exc.args else None
-    return error.str() if isinstance(error, KafkaError) else str(exc)

@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from sdk.engine._core import Entry, WorkCore
-from sdk.produce._output import Outputs
+from sdk.produce._producer import Outputs
 
 log = logging.getLogger("sdk")
 

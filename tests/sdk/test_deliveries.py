@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sdk import Output
 from sdk.produce._deliveries import Awaiting, Deliveries
-from sdk.produce._output import Outputs
+from sdk.produce._producer import Outputs
 
 
 class _Error:

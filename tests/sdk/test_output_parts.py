@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from sdk import Output
-from sdk.produce._output import TransactionLock, outputs_of
+from sdk.produce._deliveries import TransactionLock
+from sdk.produce._output import outputs_of
 
 
 @pytest.mark.parametrize(

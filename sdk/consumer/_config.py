@@ -1,0 +1,70 @@
+"""What a parallel consumer is built from: its arguments checked, the settings of its Kafka
+consumer and of its producer of outputs, and the failure policy its options give."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sdk.consumer._fencing import transactional_id
+from sdk.engine._failures import FailurePolicy
+from sdk.engine._options import CONSUMER_ONLY, Options, OptionsError
+
+
+def consumer_config(
+    config: Mapping[str, Any], topics: Sequence[str], handler: Callable[..., Any]
+) -> dict[str, Any]:
+    """The consumer's settings (automatic commits and offset stores off: the engine commits),
+    after checking the arguments it is given; :class:`OptionsError` names the one at fault."""
+    if not config.get("group.id"):
+        raise OptionsError("config: 'group.id' is required")
+    if str(config.get("enable.auto.commit", "false")).lower() == "true":
+        raise OptionsError("config: enable.auto.commit must be false (the engine commits)")
+    if isinstance(topics, str) or not topics or not all(isinstance(t, str) and t for t in topics):
+        raise OptionsError("topics: must be a non-empty list of topic names")
+    if not callable(handler):
+        raise OptionsError("handler: must be callable")
+    return {
+        # librdkafka postpones fetching for 1 s once its local queue is over threshold; the
+        # engine drains that queue in bursts into its own buffer, and with the default it
+        # would starve for most of each second.
+        "fetch.queue.backoff.ms": 20,
+        **config,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+    }
+
+
+def output_config(
+    consumer: Mapping[str, Any], given: Mapping[str, Any], transactional: bool, group: str
+) -> dict[str, Any]:
+    """The producer's settings: the consumer's connection and security settings, then the
+    engine's defaults, then ``producer_config`` (``given``)."""
+    if not isinstance(given, Mapping):
+        raise OptionsError("producer_config: must be a mapping of librdkafka properties")
+    config = {k: v for k, v in consumer.items() if k not in CONSUMER_ONLY}
+    config.pop("fetch.queue.backoff.ms", None)
+    config["enable.idempotence"] = True  # per output partition: in order, no duplicates
+    config["linger.ms"] = 1
+    config.update(given)
+    if transactional:
+        config.setdefault("transactional.id", transactional_id(group, consumer))
+        # Only failed deliveries are reported (they break the transaction): no callback runs
+        # for the outputs that arrive.
+        config["delivery.report.only.error"] = True
+    elif config.get("transactional.id"):
+        raise OptionsError(
+            "producer_config: transactional.id is for commit_mode=CommitMode.TRANSACTIONAL"
+        )
+    return config
+
+
+def failure_policy(options: Options) -> FailurePolicy:
+    """What happens after a handler fails, as the options say."""
+    return FailurePolicy(
+        max_attempts=options.max_attempts,
+        retry_delay=options.retry_delay,
+        on_exhausted=options.on_exhausted,
+        dead_letters=options.dead_letter_topic is not None,
+        decode_errors_to_dead_letters=options.on_decode_error == "dead_letter",
+    )
