@@ -17,10 +17,10 @@ from bench._gate_poll import group_names
 from bench._report import table
 from bench._rounds import timed
 from gate import GateEvaluator, GateState, PollResult
-from gate._config import StatusSettings
-from gate._history import GateHistory, point_of
-from gate._metrics import GateMetrics
-from gate._report import gate_status, gate_summary
+from gate.evaluate._history import GateHistory, point_of
+from gate.report._report import gate_status, gate_summary
+from gate.service._config import StatusSettings
+from gate.service._metrics import GateMetrics
 
 
 def synthetic_poll(

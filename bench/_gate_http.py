@@ -19,7 +19,7 @@ from bench._processes import config_file, serving
 from bench._report import console, table
 from bench._rounds import interleaved
 from bench._topics import Writing, commit, create_topic
-from gate._local import free_port
+from demo._local import free_port
 
 
 def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:

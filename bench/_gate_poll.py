@@ -14,10 +14,10 @@ from rich.progress import track
 from bench._proc import cpu_seconds
 from bench._report import console, summary_ms, table
 from bench._topics import commit, create_topic
+from demo._local import LocalBroker
 from gate import GateEvaluator, GateState, PollResult
-from gate._isolated import IsolatedPoller
-from gate._local import LocalBroker
-from gate._poller import OffsetPoller
+from gate.poll._isolated import IsolatedPoller
+from gate.poll._poller import OffsetPoller
 
 
 def group_names(groups: int) -> list[str]:

@@ -10,7 +10,7 @@ import sys
 from fastapi.responses import JSONResponse
 
 from gate import GateService, load_config
-from gate._serve import bind, make_server
+from gate.serve._serve import bind, make_server
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gate._local import BROKERS, LocalBroker
+from demo._local import BROKERS, LocalBroker
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:

@@ -47,11 +47,11 @@ from bench._options import parser
 from bench._proc import cpu_seconds_or_none
 from bench._processes import serving
 from bench._report import console, percentile, table, write
+from demo._local import free_port
 from gate import GateEvaluator, GateService
-from gate._api import create_app
-from gate._config import GateConfig
-from gate._local import free_port
-from gate._state import GateState
+from gate.evaluate._state import GateState
+from gate.serve._api import create_app
+from gate.service._config import GateConfig
 
 GATE = "a"
 OTHERS = {

@@ -36,7 +36,7 @@ from bench._processes import config_file, serving
 from bench._report import console, summary_ms, table, targets, write
 from bench._rounds import best_and_median, interleaved, wait_until
 from bench._topics import create_topic, fill, group_far_ahead, unique
-from gate._local import LocalBroker, LocalRedis, free_port
+from demo._local import LocalBroker, LocalRedis, free_port
 from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, RedisSource
 
 GATE_POLL = 0.01

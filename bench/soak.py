@@ -22,7 +22,7 @@ from rich.progress import Progress
 from bench._options import add_broker, parser
 from bench._proc import rss_bytes
 from bench._report import console, percentile, table, write
-from gate._local import BROKERS
+from demo._local import BROKERS
 from tests.faults.harness import Scenario
 
 

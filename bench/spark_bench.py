@@ -58,7 +58,7 @@ from bench._spark_report import (
 )
 from bench._spark_session import PARTITIONS, session
 from bench._topics import VALUE, WHOLE_FETCH, Writing, create_topic, fill, group_far_ahead, unique
-from gate._local import LocalNoida
+from demo._local import LocalNoida
 
 # Spark's progress durations of a batch: the source's planning, the batch's job, Spark's logs.
 PLANNING = ("latestOffset", "getBatch")

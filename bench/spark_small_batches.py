@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from bench._options import parser
 from bench._report import console, percentile, table, write
 from bench._topics import Writing, create_topic
-from gate._local import LocalNoida
+from demo._local import LocalNoida
 
 PARTITIONS = 3
 TRIGGER_MS = 1000
