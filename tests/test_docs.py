@@ -56,9 +56,14 @@ def demo() -> Iterator[dict[str, str]]:
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+    # Both pipes are read while it runs: a pipe nobody reads fills up (64 KiB), and the demo,
+    # whose warnings go to stderr (more of them on a loaded machine), would block writing.
     lines: list[str] = []
+    errors: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
+    error_reader = threading.Thread(target=lambda: errors.extend(process.stderr or []), daemon=True)
     reader.start()
+    error_reader.start()
     try:
         export = wait_until(
             lambda: next((line for line in lines if line.startswith("export ")), None),
@@ -67,11 +72,27 @@ def demo() -> Iterator[dict[str, str]]:
         )
         assert lines[0] == export, f"the demo's first line is not the export line: {lines[0]}"
         env = dict(pair.split("=", 1) for pair in export.split()[1:])
-        wait_until(
-            lambda: httpx.get(f"{env['GATE_URL']}/status/service-a").status_code == 200,
-            timeout=90,  # (its brokers, Redis and consumers start first: slow on a loaded machine)
-            what="the demo's gate",
-        )
+        last: list[object] = []
+
+        def answers() -> bool:
+            try:
+                status = httpx.get(f"{env['GATE_URL']}/status/service-a", timeout=10).status_code
+            except httpx.HTTPError as exc:  # (slow to answer on a loaded machine: ask again)
+                last[:] = [exc]
+                return False
+            last[:] = [status]
+            return status == 200
+
+        try:
+            wait_until(
+                answers,
+                timeout=90,  # (its broker, Redis and consumers start first: slow when loaded)
+                what="the demo's gate",
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; its last answer: {last}; its output:\n{''.join(lines)}{''.join(errors)}"
+            ) from None
         yield env
     finally:
         process.send_signal(signal.SIGTERM)
@@ -81,7 +102,8 @@ def demo() -> Iterator[dict[str, str]]:
             process.kill()
             raise
         reader.join(10)
-    stderr = process.stderr.read() if process.stderr else ""
+        error_reader.join(10)
+    stderr = "".join(errors)
     assert code == 0, stderr  # SIGTERM: a graceful stop
     assert "Traceback" not in stderr
 
