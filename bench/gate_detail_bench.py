@@ -18,11 +18,17 @@ the server process's CPU time per ask of the other endpoint (its CPU over the ru
 ``/ready`` costs it alone per answer; ``/ready alone``: that cost), from ``/proc``: what each
 answer costs the gate, which other work on the machine moves less than the rates.
 
+With ``--gates N`` (and, say, ``--groups 10``) the server holds a fleet of N small gates
+instead, each on its own ``--groups`` groups of the same topic, a tenth of them with groups
+behind; the other client asks the first gate's answers, and ``/status`` and ``/metrics`` cover
+the fleet. Before the rounds, each answer is asked alone five times: its size and median time
+(a fleet's scrape: target <= 1 MB and <= 200 ms).
+
 With ``--poll-ms N`` the server gets a new state (the same figures, a new version) every N
 ms, as a running gate's polls bring: what is kept per state is then built again after each.
 
-Run: ``python -m bench.gate_detail_bench [--groups N] [--partitions N] [--seconds S]
-[--other-process] [--poll-ms N]``.
+Run: ``python -m bench.gate_detail_bench [--groups N] [--partitions N] [--gates N]
+[--seconds S] [--other-process] [--poll-ms N]``.
 """
 
 from __future__ import annotations
@@ -64,47 +70,59 @@ OTHERS = {
 }
 
 
-def names(groups: int) -> list[str]:
-    return [f"g{i:04d}" for i in range(groups)]
+def names(groups: int, gate: int = 0) -> list[str]:
+    return [f"g{i:04d}" if not gate else f"g{gate:03d}-{i:03d}" for i in range(groups)]
 
 
-def serve(port: int, groups: int, partitions: int, poll_ms: int) -> None:
-    """The server process: the gate's API over a state built in memory; with ``poll_ms``,
-    a new state (the same figures, a new version and poll time) every ``poll_ms``, as a
+def gate_names(gates: int) -> list[str]:
+    """The first gate is the one whose answers are asked (``GATE``)."""
+    return [GATE, *(f"f{i:03d}" for i in range(1, gates))]
+
+
+def serve(port: int, groups: int, partitions: int, poll_ms: int, gates: int) -> None:
+    """The server process: the gates' API over states built in memory; with ``poll_ms``,
+    new states (the same figures, a new version and poll time) every ``poll_ms``, as a
     running gate's polls bring, so that what is kept per state is built again."""
-    dependencies = names(groups)
+    dependencies = {name: names(groups, i) for i, name in enumerate(gate_names(gates))}
     config = GateConfig.model_validate(
         {
             "kafka": {"bootstrap.servers": "127.0.0.1:1"},
-            "gates": {GATE: {"topics": ["t"], "depends_on": dependencies}},
+            "gates": {g: {"topics": ["t"], "depends_on": d} for g, d in dependencies.items()},
             "http": {"rate_limit_per_s": 1000000},
         }
     )
     service = GateService(config)
-    evaluator = GateEvaluator(GATE, ["t"], dependencies)
     now = time.time()
-    for step in range(3):
-        state = evaluator.observe(synthetic_poll(now + step, dependencies, partitions, 100, 10))
-    service.store.update(state)
+    states = []
+    for i, (name, groups_of) in enumerate(dependencies.items()):
+        evaluator = GateEvaluator(name, ["t"], groups_of)
+        behind = 10 if gates == 1 or i % 10 == 0 else 0  # (a fleet: a tenth of its gates)
+        for step in range(3):
+            state = evaluator.observe(
+                synthetic_poll(now + step, groups_of, partitions, 100, behind)
+            )
+        service.store.update(state)
+        states.append(state)
     service.answered_at = time.monotonic() + 1e9  # (ready while the benchmark runs)
     app = create_app(service, manage_service=False)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     )
 
-    async def polls(state: GateState) -> None:
+    async def polls(states: list[GateState]) -> None:
         while True:
             await asyncio.sleep(poll_ms / 1000)
             wall, monotonic = time.time(), time.monotonic()
-            snapshot = dataclasses.replace(
-                state.snapshot, version=state.version + poll_ms, polled_at=wall
-            )
-            state = dataclasses.replace(state, snapshot=snapshot, monotonic=monotonic)
-            service.store.update(state)
+            for i, state in enumerate(states):
+                snapshot = dataclasses.replace(
+                    state.snapshot, version=state.version + poll_ms, polled_at=wall
+                )
+                states[i] = dataclasses.replace(state, snapshot=snapshot, monotonic=monotonic)
+                service.store.update(states[i])
 
     async def run() -> None:
         if poll_ms:
-            task = asyncio.create_task(polls(state))
+            task = asyncio.create_task(polls(states))
         await server.serve()
         if poll_ms:
             task.cancel()
@@ -156,6 +174,18 @@ def in_another_process(
     times.extend(json.loads(done.stdout.splitlines()[-1]))
 
 
+def asked_alone(base: str, path: str, times: int = 5) -> tuple[int, float]:
+    """An answer asked alone ``times`` times: its size (bytes) and median time (seconds)."""
+    seconds = []
+    with httpx.Client(base_url=base, timeout=120) as client:
+        for _ in range(times):
+            started = time.perf_counter()
+            answer = client.get(path)
+            seconds.append(time.perf_counter() - started)
+            answer.raise_for_status()
+    return len(answer.content), statistics.median(seconds)
+
+
 def measure(
     base: str, seconds: float, other: str | None, same_process: bool, server: int
 ) -> dict[str, Any]:
@@ -198,6 +228,9 @@ def main() -> None:
     options = parser(__doc__)
     options.add_argument("--groups", type=int, default=1000)
     options.add_argument("--partitions", type=int, default=64)
+    options.add_argument(
+        "--gates", type=int, default=1, help="a fleet of this many gates of --groups groups each"
+    )
     options.add_argument("--seconds", type=float, default=5.0)
     options.add_argument(
         "--other-process",
@@ -217,7 +250,7 @@ def main() -> None:
     options.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     args = options.parse_args()
     if args.serve:
-        serve(args.serve, args.groups, args.partitions, args.poll_ms)
+        serve(args.serve, args.groups, args.partitions, args.poll_ms, args.gates)
         return
     if args.ask:
         ask_from_now_on(args.base, args.ask, args.start_at, args.seconds)
@@ -227,8 +260,9 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "bench.gate_detail_bench", "--serve", str(port),
                "--groups", str(args.groups), "--partitions", str(args.partitions),
-               "--poll-ms", str(args.poll_ms)]  # fmt: skip
+               "--poll-ms", str(args.poll_ms), "--gates", str(args.gates)]  # fmt: skip
     with serving(command, f"{base}/healthz", 300) as server:
+        sizes = {name: asked_alone(base, path) for name, path in OTHERS.items()}
         same = not args.other_process
         found: dict[str, Any] = {"before": measure(base, args.seconds, None, same, server.pid)}
         for name, path in OTHERS.items():
@@ -248,6 +282,9 @@ def main() -> None:
             left = figures["server_cpu_s"] - ready_cpu * figures["ready_count"]
             figures["server_cpu_ms_per_ask"] = round(left / figures["other_asks"] * 1000, 2)
         alone_row = name in ("before", "after")
+        if not alone_row:
+            figures["bytes_alone"], seconds_alone = sizes[name]
+            figures["ms_alone"] = round(seconds_alone * 1000, 1)
         rows.append(
             [
                 "/ready alone" if alone_row else f"with {name}",
@@ -259,14 +296,21 @@ def main() -> None:
                 round(ready_cpu * 1000, 2)
                 if alone_row and ready_cpu is not None
                 else figures["server_cpu_ms_per_ask"] or "",
+                "" if alone_row else figures["bytes_alone"],
+                "" if alone_row else figures["ms_alone"],
             ]
         )
     load_after = os.getloadavg()
     where = "a process of its own" if args.other_process else "a thread of its process"
     states = f"a new state every {args.poll_ms} ms" if args.poll_ms else "one state"
+    shape = (
+        f"one gate of {args.groups} groups"
+        if args.gates == 1
+        else f"{args.gates} gates of {args.groups} groups"
+    )
     table(
-        f"/ready with another client ({where}) asking back to back: one gate of "
-        f"{args.groups} groups x {args.partitions} partitions, {states}",
+        f"/ready with another client ({where}) asking back to back: {shape} x "
+        f"{args.partitions} partitions, {states}",
         [
             "other client",
             "/ready per s",
@@ -275,6 +319,8 @@ def main() -> None:
             "its asks",
             "its ms",
             "server CPU ms per ask",
+            "its bytes",
+            "its ms alone",
         ],
         rows,
     )
@@ -283,6 +329,11 @@ def main() -> None:
     console.print(
         f"/ready keeps at worst {worst:.2f} of its rate alone with a gate's answer asked back "
         f"to back (target >= 0.8); {found['/healthz']['ready_vs_alone']:.2f} with /healthz"
+    )
+    scrape_bytes, scrape_ms = found["/metrics"]["bytes_alone"], found["/metrics"]["ms_alone"]
+    console.print(
+        f"a scrape alone: {scrape_bytes / 1e6:.2f} MB in {scrape_ms:.0f} ms "
+        "(target for a fleet: <= 1 MB and <= 200 ms)"
     )
     console.print(
         "load average (1, 5, 15 min): "

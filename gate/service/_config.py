@@ -119,12 +119,15 @@ class StatusSettings(_Strict):
     rewind_policy: Literal["follow", "keep_highest"] = "follow"
     history_step_ms: int = Field(default=5_000, ge=100)
     """One point of the status page's charts per step (15 minutes are kept)."""
-    metrics_group_partitions_max: int = Field(default=10_000, ge=0)
-    """The series per dependency group and partition (committed offset, lag, lag in seconds,
-    commit age, status) are exposed for at most this many groups x partitions over the whole
-    service: each gate, in the configuration's order, has them while its groups x partitions
-    fit in what is left; beyond, its groups' series over all partitions alone (1,000 groups
-    on 64 partitions would be 320,000 series, 28 MB a scrape)."""
+    metrics_group_partitions_max: int = Field(default=1_000, ge=0)
+    """The series per partition (a gate's watermark, end offset and waiting time; each
+    dependency group's committed offset, lag, lag in seconds, commit age and status) are
+    exposed for at most this many partition rows over the whole service, a gate's partitions
+    counting one row each for the gate and one for each of its groups: each gate, in the
+    configuration's order, has them while its partitions x (groups + 1) fit in what is left;
+    beyond, its own series and its groups' over all partitions alone (1,000 groups on 64
+    partitions would be 320,000 series, 28 MB a scrape; at the default a scrape stays near
+    1 MB however many gates)."""
 
     def policy(self) -> StatusPolicy:
         return StatusPolicy(

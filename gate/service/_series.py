@@ -5,10 +5,12 @@ The series per partition and per group and partition are a function of the state
 (their ages, as their lags, are as of each state's poll), so every scrape between two polls
 gets the same bytes; what depends on the moment of the scrape (the snapshots' ages, whether
 the last poll refreshed a gate, the service's counters) is in :mod:`gate.service._metrics`, made at
-each scrape. The series per group and partition are exposed for at most
-``status.metrics_group_partitions_max`` groups x partitions over the whole service: gates in
-the configuration's order have theirs while they fit in what is left; every gate's groups'
-series over all partitions always are.
+each scrape. The series per partition (a gate's own: watermark, end offset, waiting; and each
+of its groups': committed offset, lags, commit age, status) are exposed for at most
+``status.metrics_group_partitions_max`` partition rows over the whole service, a gate's
+partitions counting one row each for the gate and one for each of its groups: gates in the
+configuration's order have theirs while they fit in what is left. Every gate's own series and
+its groups' series over all partitions always are.
 """
 
 from __future__ import annotations
@@ -120,28 +122,28 @@ class GateSeries(Collector):
         yield from self.kept()
 
     def _say_which_are_limited(self, left_out: dict[str, tuple[int, int]], limit: int) -> None:
-        """One line when gates' series per group and partition go, one when they come back
-        (dashboards built on them see them absent): a fleet has hundreds of gates."""
+        """One line when gates' series per partition go, one when they come back (dashboards
+        built on them see them absent): a fleet has hundreds of gates."""
         gone = [name for name in left_out if name not in self._limited]
         back = [name for name in self._limited if name not in left_out]
         self._limited = set(left_out)
         if gone:
-            pairs, left = left_out[gone[0]]
+            rows, left = left_out[gone[0]]
             log.warning(
-                "%d %s: groups x partitions beyond what is left of "
+                "%d %s: partition rows beyond what is left of "
                 "status.metrics_group_partitions_max (%d for the whole service, the gates "
-                "earlier in the configuration first): %s (the first: %d groups x partitions, "
-                "%d left); series per group and partition left out, the groups' series over "
-                "all partitions stay (gate_group_partition_series is 0)",
+                "earlier in the configuration first): %s (the first: %d rows, partitions x "
+                "(groups + 1), %d left); series per partition left out, the gates' own series "
+                "and their groups' over all partitions stay (gate_group_partition_series is 0)",
                 len(gone),
                 "gate" if len(gone) == 1 else "gates",
                 limit,
                 _named(gone),
-                pairs,
+                rows,
                 left,
             )
         if back:
-            log.info("metrics per group and partition exposed again: %s", _named(back))
+            log.info("metrics per partition exposed again: %s", _named(back))
 
     def _build(self, states: Sequence[GateState | None]) -> Iterator[Metric]:
         service = self._service
@@ -212,9 +214,10 @@ class GateSeries(Collector):
         )
         detailed = GaugeMetricFamily(
             "gate_group_partition_series",
-            "1 when the gate's series per group and partition are exposed; 0 when its groups "
-            "x partitions exceed what is left of status.metrics_group_partitions_max (for the "
-            "whole service, gates in the configuration's order).",
+            "1 when the gate's series per partition (its own and its groups') are exposed; 0 "
+            "when its partitions x (groups + 1) exceed what is left of "
+            "status.metrics_group_partitions_max (for the whole service, gates in the "
+            "configuration's order).",
             labels=["gate"],
         )
         group_status = GaugeMetricFamily(
@@ -248,13 +251,14 @@ class GateSeries(Collector):
             if state is None:
                 continue
             name = state.gate
-            pairs = len(state.groups) * len(state.partitions)
-            per_partition = pairs <= left
+            # A row per partition for the gate's own series, and one for each group's.
+            rows = len(state.partitions) * (len(state.groups) + 1)
+            per_partition = rows <= left
             detailed.add_metric([name], int(per_partition))
             if per_partition:
-                left -= pairs
+                left -= rows
             else:
-                left_out[name] = (pairs, left)
+                left_out[name] = (rows, left)
             now = state.snapshot.polled_at  # ages as of the poll, as the lags are
             version.add_metric([name], state.version)
             absent = {*state.missing_topics, *(t for t, _ in state.missing_partitions)}
@@ -263,21 +267,21 @@ class GateSeries(Collector):
             unreleased = 0
             missing_count = dict.fromkeys(state.groups, 0)
             for (topic, partition), part in state.partitions.items():
-                p = str(partition)
                 if part.watermark is None:
                     unreleased += 1
-                else:
-                    watermark.add_metric([name, topic, p], part.watermark)
-                if part.end_offset is not None:
-                    end_offset.add_metric([name, topic, p], part.end_offset)
-                if part.waiting_seconds is not None:
-                    waiting_seconds.add_metric([name, topic, p], part.waiting_seconds)
                 positions = position_tuples(part.groups)
                 if not per_partition:
                     for group, position in positions.items():
                         if position[0] is None and group in missing_count:
                             missing_count[group] += 1
                     continue
+                p = str(partition)
+                if part.watermark is not None:
+                    watermark.add_metric([name, topic, p], part.watermark)
+                if part.end_offset is not None:
+                    end_offset.add_metric([name, topic, p], part.end_offset)
+                if part.waiting_seconds is not None:
+                    waiting_seconds.add_metric([name, topic, p], part.waiting_seconds)
                 for group, (offset, records, rank, moved_at, seconds, _) in positions.items():
                     labels = [name, group, topic, p]
                     partition_status.add_metric(labels, _CODE_BY_RANK[rank])

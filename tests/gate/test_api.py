@@ -302,6 +302,7 @@ def series(text: str, name: str) -> dict[str, float]:
     return found
 
 
+PER_PARTITION = ["gate_watermark", "gate_end_offset", "gate_waiting_seconds"]
 PER_GROUP_AND_PARTITION = [
     "gate_committed_offset",
     "gate_dependency_lag",
@@ -332,23 +333,25 @@ def test_a_group_s_lag_over_all_partitions_is_the_sum_of_its_partitions(api: Har
     }
 
 
-def test_beyond_the_limit_a_gate_s_groups_have_series_over_all_partitions_alone(
+def test_beyond_the_limit_a_gate_and_its_groups_have_series_over_all_partitions_alone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """2 groups x 3 partitions are beyond a limit of 5: no series per group and partition
-    (a fleet's would be hundreds of thousands), the groups' series over all partitions and
-    their missing partitions as before."""
+    """3 partitions x (2 groups + the gate) are beyond a limit of 5: no series per partition,
+    the gate's nor its groups' (a fleet's would be hundreds of thousands), the gate's series
+    and its groups' over all partitions and their missing partitions as before."""
     harness = Harness(status={"metrics_group_partitions_max": 5})
     with harness.client, caplog.at_level(logging.WARNING, "gate.metrics"):
         harness.publish({0: 30, 1: 30}, ARTICLE[1])  # CG-B has no commit on partition 2
         text = harness.client.get("/metrics").text
         harness.client.get("/metrics")
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
-    assert warning.startswith("1 gate: groups x partitions beyond what is left")
-    assert "service-a (the first: 6 groups x partitions, 5 left)" in warning
+    assert warning.startswith("1 gate: partition rows beyond what is left")
+    assert "service-a (the first: 9 rows, partitions x (groups + 1), 5 left)" in warning
     assert series(text, "gate_group_partition_series") == {'{gate="service-a"}': 0.0}
-    for name in PER_GROUP_AND_PARTITION:
+    for name in [*PER_GROUP_AND_PARTITION, *PER_PARTITION]:
         assert series(text, name) == {}, name
+    assert series(text, "gate_partitions_unreleased") == {'{gate="service-a"}': 1.0}  # 2
+    assert set(series(text, "gate_records_waiting")) == {'{gate="service-a"}'}
     assert series(text, "gate_dependency_group_lag") == {  # CG-B: no commit on 2, unknown
         '{gate="service-a",group="CG-C"}': (60 - 23) + (60 - 52) + (60 - 15),
     }
@@ -357,23 +360,22 @@ def test_beyond_the_limit_a_gate_s_groups_have_series_over_all_partitions_alone(
         '{gate="service-a",group="CG-C"}': 0.0,
     }
     assert 'gate_dependency_status{gate="service-a",group="CG-B",status="MISSING"} 1.0' in text
-    assert 'gate_watermark{gate="service-a",partition="0",topic="payments"} 23.0' in text
 
 
 def test_the_series_limit_is_the_whole_service_s_gates_first_in_the_configuration_first(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Two gates of 2 groups x 3 partitions and a limit of 8 for the service: the first
-    gate in the configuration has its series per group and partition, the second not (6 of
-    8 used); both keep their groups' series over all partitions (before: the limit was per
-    gate, and a fleet of small gates had no bound)."""
+    """Two gates of 2 groups on 3 partitions (9 partition rows each) and a limit of 12 for
+    the service: the first gate in the configuration has its series per partition, the
+    second not (9 of 12 used); both keep their own series and their groups' over all
+    partitions (before: the limit was per gate, and a fleet of small gates had no bound)."""
     spec = {"topics": ["payments"], "depends_on": ["CG-B", "CG-C"]}
     service = GateService(
         gate_config(
             "127.0.0.1:1",
             {"service-a": spec, "service-d": spec},
             http={"host": "127.0.0.1", "port": 0},
-            status={"metrics_group_partitions_max": 8},
+            status={"metrics_group_partitions_max": 12},
         )
     )
     client = TestClient(create_app(service, manage_service=False))
@@ -390,13 +392,19 @@ def test_the_series_limit_is_the_whole_service_s_gates_first_in_the_configuratio
     }
     committed = series(text, "gate_committed_offset")
     assert len(committed) == 6 and all('gate="service-a"' in labels for labels in committed)
+    end = series(text, "gate_end_offset")
+    assert len(end) == 3 and all('gate="service-a"' in labels for labels in end)
+    assert set(series(text, "gate_partitions_unreleased")) == {
+        '{gate="service-a"}',
+        '{gate="service-d"}',
+    }
     assert set(series(text, "gate_dependency_group_lag_seconds")) == {
         f'{{gate="{gate}",group="{group}"}}'
         for gate in ("service-a", "service-d")
         for group in ("CG-B", "CG-C")
     }
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
-    assert "service-d (the first: 6 groups x partitions, 2 left)" in warning
+    assert "service-d (the first: 9 rows, partitions x (groups + 1), 3 left)" in warning
 
 
 def test_metrics_have_build_info_and_no_created_series(api: Harness) -> None:

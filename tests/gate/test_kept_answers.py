@@ -209,15 +209,16 @@ def test_a_scrape_builds_the_gates_series_once_per_poll_cycle(
 def test_gates_beyond_the_series_limit_are_said_in_one_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Eight gates of 2 groups x 3 partitions and a limit of 8: seven are left out, in one
-    warning naming how many and the first few (before: one line per gate)."""
+    """Eight gates of 2 groups x 3 partitions (9 partition rows each) and a limit of 12:
+    seven are left out, in one warning naming how many and the first few (before: one line
+    per gate)."""
     spec = {"topics": ["payments"], "depends_on": ["CG-B", "CG-C"]}
     names = [f"service-{i}" for i in range(8)]
     service = GateService(
         gate_config(
             "127.0.0.1:1",
             dict.fromkeys(names, spec),
-            status={"metrics_group_partitions_max": 8},
+            status={"metrics_group_partitions_max": 12},
         )
     )
     client = TestClient(create_app(service, manage_service=False))
@@ -237,6 +238,6 @@ def test_gates_beyond_the_series_limit_are_said_in_one_line(
         client.get("/metrics")
         client.get("/metrics")
     (line,) = [r.getMessage() for r in caplog.records if r.name == "gate.metrics"]
-    assert line.startswith("7 gates: groups x partitions beyond what is left")
+    assert line.startswith("7 gates: partition rows beyond what is left")
     assert "service-1, service-2, service-3, service-4, service-5 and 2 more" in line
-    assert "(the first: 6 groups x partitions, 2 left)" in line
+    assert "(the first: 9 rows, partitions x (groups + 1), 3 left)" in line
