@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sdk.engine._partition import FETCHING, PAUSED, STALL_AFTER, TP, UNKNOWN, PartitionState
+from sdk.engine._partition import FETCHING, PAUSED, STALL_AFTER, TP, UNKNOWN
 from sdk.engine._scheduler import Scheduler
-from sdk.engine._shards import Entry, Shard
+from sdk.engine._shards import Entry, Shard, ShardedPartition
 
 
 class Buffer:
@@ -21,7 +21,7 @@ class Buffer:
 
     def __init__(
         self,
-        partitions: dict[TP, PartitionState],
+        partitions: dict[TP, ShardedPartition],
         scheduler: Scheduler,
         retrying: set[Entry],
         buffer_limit: int,

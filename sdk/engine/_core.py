@@ -45,10 +45,19 @@ from sdk.engine._failures import FailurePolicy
 from sdk.engine._intake import Intake
 from sdk.engine._offsets import MAX_METADATA_BYTES, Ranges
 from sdk.engine._options import Ordering
-from sdk.engine._partition import TP, Counts, PartitionState
+from sdk.engine._partition import TP, Counts
 from sdk.engine._results import NOTHING, Outcome, Results
 from sdk.engine._scheduler import Scheduler
-from sdk.engine._shards import LANE, NOT_STARTED, READY, Entry, Item, ItemShape, Shard
+from sdk.engine._shards import (
+    LANE,
+    NOT_STARTED,
+    READY,
+    Entry,
+    Item,
+    ItemShape,
+    Shard,
+    ShardedPartition,
+)
 
 __all__ = [
     "NOTHING",
@@ -102,7 +111,7 @@ class WorkCore:
         self.buffer_limit = buffer_limit
         self.map_limit = map_limit
         self.paused_all = False  # start nothing (the user's pause, or a stop)
-        self.partitions: dict[TP, PartitionState] = {}
+        self.partitions: dict[TP, ShardedPartition] = {}
         self.counts: dict[TP, Counts] = {}
         self.scheduler = Scheduler(self.unordered, keep_free=buffer_limit)
         self.intake = Intake(
@@ -151,7 +160,7 @@ class WorkCore:
         ranges of offsets completed before (from an offset map written for ``committed``)."""
         self.drop([tp])
         counts = self.counts.setdefault(tp, Counts())
-        part = self.partitions[tp] = PartitionState(tp, committed, list(restored), counts, now)
+        part = self.partitions[tp] = ShardedPartition(tp, committed, list(restored), counts, now)
         if self.key_ordered:
             part.lane = part.shards[LANE] = Shard(LANE, part, lane=True)
 
@@ -387,7 +396,7 @@ class WorkCore:
             if e.part is part
         )
         retrying = sum(1 for e in self.retrying if e.part is part)
-        stuck = [e for e in self.stuck if e.part is part]
+        stuck = [(e.offset, e.last_error or "") for e in self.stuck if e.part is part]
         crowded = self.buffer.in_memory() >= self.buffer_limit
         paused_for = part.pause_reason(self.share(), self.pressure(), crowded, now)
         return part.view(now, in_flight, retrying, stuck, paused_for)

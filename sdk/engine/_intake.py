@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdk.engine._partition import TP, PartitionState
+from sdk.engine._partition import TP
 from sdk.engine._scheduler import Scheduler
-from sdk.engine._shards import IDLE, READY, RUNNING, Entry, Shard
+from sdk.engine._shards import IDLE, READY, RUNNING, Entry, Shard, ShardedPartition
 
 
 def _no_method(message: Any) -> Any:
@@ -33,7 +33,7 @@ class Intake:
 
     def __init__(
         self,
-        partitions: dict[TP, PartitionState],
+        partitions: dict[TP, ShardedPartition],
         scheduler: Scheduler,
         *,
         key_ordered: bool,
@@ -73,7 +73,7 @@ class Intake:
         delay = self.process_delay if wall_offset is not None else 0.0
         wall = wall_offset or 0.0
         # A fetch holds runs of one partition's records: each run is registered in one go.
-        runs: list[tuple[PartitionState, list[Any], list[int]]] = []
+        runs: list[tuple[ShardedPartition, list[Any], list[int]]] = []
         in_order: list[bool] = []  # for each run: whether its offsets increase
         errors: list[Any] = []
         run: list[Any] | None = None
@@ -118,7 +118,7 @@ class Intake:
 
     def _register_run(
         self,
-        part: PartitionState,
+        part: ShardedPartition,
         run: list[Any],
         offsets: list[int],
         in_order: bool,
@@ -143,7 +143,7 @@ class Intake:
 
     @staticmethod
     def _register_one_by_one(
-        part: PartitionState, run: list[Any], now: float
+        part: ShardedPartition, run: list[Any], now: float
     ) -> tuple[list[Any], list[int], list[int]]:
         """Register a run's records one at a time, leaving out offsets already seen and those
         the restored offset map says were completed; returns the records left to queue, their
@@ -167,7 +167,7 @@ class Intake:
 
     def _enqueue(
         self,
-        part: PartitionState,
+        part: ShardedPartition,
         run: list[Any],
         offsets: list[int],
         seqs: list[int],
@@ -202,7 +202,7 @@ class Intake:
 
     def _enqueue_keyed(
         self,
-        part: PartitionState,
+        part: ShardedPartition,
         run: list[Any],
         offsets: list[int],
         seqs: list[int],

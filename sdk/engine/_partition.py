@@ -37,6 +37,10 @@
   that have not started (the shell seeks back to the first of them), so records that wait
   behind a poison record do not take the room of partitions that flow.
 
+It knows offsets, not shards: the partition the core runs is its subclass with the shards
+that queue its records, :class:`~sdk.engine._shards.ShardedPartition` (which finds the
+records that have not started).
+
 Pure: no I/O, time is passed in.
 """
 
@@ -44,13 +48,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from sdk.engine._offsets import Ranges, encode_offset_map
-
-if TYPE_CHECKING:
-    from sdk.engine._shards import Entry, Shard
 
 TP = tuple[str, int]
 
@@ -91,11 +93,11 @@ class Counts:
 
 
 class PartitionState:
-    """One assignment of one partition (a new object for every assignment)."""
+    """One assignment of one partition (a new object for every assignment): its offsets,
+    commit points and limits."""
 
     __slots__ = (
         "base",
-        "blocked",
         "blocked_since",
         "committed",
         "counts",
@@ -109,9 +111,7 @@ class PartitionState:
         "head",
         "head_since",
         "highest",
-        "lane",
         "limit",
-        "live_keys",
         "map_base",
         "map_cap",
         "map_changes",
@@ -122,7 +122,6 @@ class PartitionState:
         "restored",
         "revoked",
         "sent",
-        "shards",
         "start",
         "tp",
     )
@@ -147,12 +146,6 @@ class PartitionState:
         self.highest = -1
         self.restored = deque(r for r in restored if start is None or r[1] > start)
         self.limit: int | None = None  # release limit (watermark); None: everything
-        self.shards: dict[object, Shard] = {}  # by key within the partition (sdk.engine._core)
-        self.lane: Shard | None = None  # KEY ordering: its lane (see sdk.engine._shards)
-        # KEY ordering: each key with a record queued or running, to its record in the lane or
-        # to its own shard (see sdk.engine._shards).
-        self.live_keys: dict[object, Entry | Shard] = {}
-        self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
         self.blocked_since: float | None = None
         self.head_since = now  # when the lowest incomplete offset became the lowest
         self.progress_at = now  # when one of its records last completed (or it got its first)
@@ -323,31 +316,6 @@ class PartitionState:
             return True
         return now - self.progress_at >= STALL_AFTER
 
-    def unstarted_tail(self, keep: int) -> int | None:
-        """The lowest offset of the newest records that have not started (queued in their
-        shard, never attempted), leaving at least ``keep`` records held; None if there are
-        none. Completed, running, retried and stuck records are never among them."""
-        excess = self.incomplete - keep
-        if excess <= 0:
-            return None
-        unstarted = set()
-        for shard in self.shards.values():
-            for entry in reversed(shard.queue):
-                if entry.shard is not shard:
-                    continue  # a lane's stale entry: its own shard tells
-                if entry.attempts:
-                    break
-                unstarted.add(entry.offset)
-        lowest = None
-        offsets = self.offsets
-        for i in range(len(offsets) - 1, self.head - 1, -1):
-            offset = offsets[i]
-            if excess <= 0 or offset not in unstarted:
-                break
-            lowest = offset
-            excess -= 1
-        return lowest
-
     def pause_reason(
         self, share: int, pressure: str | None, crowded: bool, now: float
     ) -> str | None:
@@ -394,16 +362,18 @@ class PartitionState:
         now: float,
         in_flight: int,
         retrying: int,
-        stuck: list[Entry],
+        stuck: Sequence[tuple[int, str]],
         paused_for: str | None,
     ) -> dict[str, Any]:
+        """What it holds and why, for diagnostics: ``stuck`` lists the (offset, error) of
+        each of its records held as STUCK."""
         blocking = self.lowest_incomplete()
         return {
             "held": self.held,
             "incomplete": self.incomplete,
             "in_flight": in_flight,
             "retrying": retrying,
-            "stuck": [(e.offset, e.last_error or "") for e in stuck],
+            "stuck": list(stuck),
             "buffered": max(0, self.incomplete - in_flight - retrying - len(stuck)),
             "incomplete_beyond_head": self.done_count,
             "committable": self.committable(),

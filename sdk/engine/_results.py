@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sdk.engine._failures import DEAD_LETTER, RETRY, SKIP, FailurePolicy
-from sdk.engine._partition import PartitionState
 from sdk.engine._scheduler import Scheduler
-from sdk.engine._shards import NOT_STARTED, RUNNING, STUCK, Entry, Item, Shard
+from sdk.engine._shards import NOT_STARTED, RUNNING, STUCK, Entry, Item, Shard, ShardedPartition
 
 
 class Outcome(NamedTuple):
@@ -107,7 +106,7 @@ class Results:
     def _processed(entries: list[Entry], now: float) -> None:
         """These records were processed (each partition's head moves once per run of its
         records)."""
-        part: PartitionState | None = None
+        part: ShardedPartition | None = None
         count = 0
         for entry in entries:
             if entry.part is not part:

@@ -1,7 +1,7 @@
 """Which record may start next: the shards' transitions between the states of
 ``sdk.engine._shards``.
 
-Each partition maps its shards by key (``PartitionState.shards``; the core registers new
+Each partition maps its shards by key (``ShardedPartition.shards``; the core registers new
 ones there, from the scheduler's free list of empty shards). The scheduler owns the
 containers of the states: the ready queue (served round-robin, so a hot or slow shard never
 starves the others), the timer heap (retry and process delays) and the partitions' blocked
@@ -12,7 +12,6 @@ lifecycle drawn in ``sdk.engine._shards``. Pure: no I/O, time is passed in.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from sdk.engine._shards import (
     BLOCKED,
@@ -25,11 +24,9 @@ from sdk.engine._shards import (
     Entry,
     ItemShape,
     Shard,
+    ShardedPartition,
     Timers,
 )
-
-if TYPE_CHECKING:
-    from sdk.engine._partition import PartitionState
 
 
 class Scheduler:
@@ -46,7 +43,7 @@ class Scheduler:
 
     # ---- shards come and go -------------------------------------------------------------
 
-    def new_shard(self, key: object, part: PartitionState) -> Shard:
+    def new_shard(self, key: object, part: ShardedPartition) -> Shard:
         """An empty IDLE ordered shard for ``key`` (recycled when one is free), registered in
         its partition (in KEY ordering, as its key's live shard too)."""
         if self.free:
@@ -75,7 +72,7 @@ class Scheduler:
             if not self.unordered and len(self.free) < self.keep_free:
                 self.free.append(shard)
 
-    def retire(self, part: PartitionState) -> None:
+    def retire(self, part: ShardedPartition) -> None:
         """A partition was revoked: its shards leave scheduling at once (RUNNING ones when
         their item is handed back)."""
         for shard in part.shards.values():
@@ -86,7 +83,7 @@ class Scheduler:
             self.ready = deque(s for s in self.ready if s.part is not part)
         self.timers.purge()
 
-    def forget(self, part: PartitionState) -> None:
+    def forget(self, part: ShardedPartition) -> None:
         """A partition was dropped: forget its shards (items still running one of them find
         it DEAD when they are handed back)."""
         for shard in part.shards.values():
@@ -95,7 +92,7 @@ class Scheduler:
         part.live_keys = {}
         part.lane = None  # (it refers to its partition: no cycle is left for the collector)
 
-    def give_back(self, part: PartitionState, offset: int) -> int:
+    def give_back(self, part: ShardedPartition, offset: int) -> int:
         """Forget the queued records of ``part`` from ``offset`` on (none of them started);
         shards left empty leave their container. Returns how many were forgotten."""
         forgotten = 0
@@ -224,7 +221,7 @@ class Scheduler:
             part.blocked_since = now
         part.blocked.append(shard)
 
-    def unblock(self, part: PartitionState) -> None:
+    def unblock(self, part: ShardedPartition) -> None:
         blocked, part.blocked = part.blocked, []
         part.blocked_since = None
         for shard in blocked:

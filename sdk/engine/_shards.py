@@ -1,4 +1,5 @@
-"""Shards, the records they queue, and the work items handed to workers.
+"""Shards, the records they queue, the partitions they belong to, and the work items handed
+to workers.
 
 A **shard** is the unit of ordering: a partition (PARTITION ordering), a (partition, key)
 (KEY ordering), or a partition whose records may all run at once (UNORDERED). In KEY
@@ -9,7 +10,7 @@ is in the lane gets a shard of its own: if that record has not started, it moves
 (it stays behind in the lane's queue as a stale entry, skipped when the lane is served);
 if it runs, the new shard is RUNNING, owned by that record's item (the record's
 ``follower``), until the item is over. Each partition maps every key with a record queued or
-running to that record in the lane, or to the key's shard (``PartitionState.live_keys``), so
+running to that record in the lane, or to the key's shard (``ShardedPartition.live_keys``), so
 a new record's key is looked up once, and a lane's record frees its key with one delete.
 A shard queues its records in offset order and is always in exactly one of these states::
 
@@ -26,6 +27,10 @@ READY while they have records, whoever runs them. Each state has one container (
 queue, the timer heap, the partition's blocked list, an item), and a shard leaves a container
 only by changing state, so no container ever holds a stale shard. This module holds the data; the
 transitions are :class:`~sdk.engine._core.WorkCore`'s.
+
+A partition's offsets and commit points are its :class:`~sdk.engine._partition.PartitionState`;
+the partition the core runs, :class:`ShardedPartition`, adds its shards, its lane, its live keys
+and its blocked list.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
-if TYPE_CHECKING:
-    from sdk.engine._partition import PartitionState
+from sdk.engine._offsets import Ranges
+from sdk.engine._partition import TP, Counts, PartitionState
 
 # Final: the compiled core inlines them (a plain module global is a dictionary lookup).
 IDLE: Final = 0
@@ -60,7 +65,7 @@ item, or its partition was revoked."""
 
 
 LANE: Any = type("Lane", (), {"__repr__": lambda self: "LANE"})()
-"""The key of a partition's lane in ``PartitionState.shards`` (equal to no record's key)."""
+"""The key of a partition's lane in ``ShardedPartition.shards`` (equal to no record's key)."""
 
 
 class Shard:
@@ -68,7 +73,7 @@ class Shard:
 
     __slots__ = ("key", "lane", "part", "queue", "run", "state")
 
-    def __init__(self, key: object, part: PartitionState, lane: bool = False) -> None:
+    def __init__(self, key: object, part: ShardedPartition, lane: bool = False) -> None:
         self.key = key
         self.part = part
         self.queue: deque[Entry] = deque()
@@ -102,7 +107,7 @@ class Entry:
     def __init__(
         self,
         offset: int,
-        part: PartitionState,
+        part: ShardedPartition,
         shard: Shard,
         payload: Any,
         not_before: float,
@@ -127,6 +132,49 @@ class Entry:
     def __repr__(self) -> str:
         topic, partition = self.part.tp
         return f"Entry({topic}[{partition}]@{self.offset}, attempts={self.attempts})"
+
+
+class ShardedPartition(PartitionState):
+    """One assignment of one partition with the shards that queue its records (a new object
+    for every assignment)."""
+
+    __slots__ = ("blocked", "lane", "live_keys", "shards")
+
+    def __init__(
+        self, tp: TP, start: int | None, restored: Ranges, counts: Counts, now: float
+    ) -> None:
+        super().__init__(tp, start, restored, counts, now)
+        self.shards: dict[object, Shard] = {}  # by key within the partition (sdk.engine._core)
+        self.lane: Shard | None = None  # KEY ordering: its lane (see the module's docs)
+        # KEY ordering: each key with a record queued or running, to its record in the lane or
+        # to its own shard (see the module's docs).
+        self.live_keys: dict[object, Entry | Shard] = {}
+        self.blocked: list[Shard] = []  # BLOCKED shards: waiting for the limit or the map
+
+    def unstarted_tail(self, keep: int) -> int | None:
+        """The lowest offset of the newest records that have not started (queued in their
+        shard, never attempted), leaving at least ``keep`` records held; None if there are
+        none. Completed, running, retried and stuck records are never among them."""
+        excess = self.incomplete - keep
+        if excess <= 0:
+            return None
+        unstarted = set()
+        for shard in self.shards.values():
+            for entry in reversed(shard.queue):
+                if entry.shard is not shard:
+                    continue  # a lane's stale entry: its own shard tells
+                if entry.attempts:
+                    break
+                unstarted.add(entry.offset)
+        lowest = None
+        offsets = self.offsets
+        for i in range(len(offsets) - 1, self.head - 1, -1):
+            offset = offsets[i]
+            if excess <= 0 or offset not in unstarted:
+                break
+            lowest = offset
+            excess -= 1
+        return lowest
 
 
 class Item:

@@ -9,9 +9,9 @@ from typing import Any
 from confluent_kafka import Message
 
 from sdk import Record
-from sdk.engine._partition import Counts, PartitionState
+from sdk.engine._partition import Counts
 from sdk.engine._record import batch_records
-from sdk.engine._shards import Entry, Shard
+from sdk.engine._shards import Entry, Shard, ShardedPartition
 
 TP = ("orders", 3)
 
@@ -74,7 +74,7 @@ def test_a_handler_may_subclass_record() -> None:
 
 
 def test_a_batch_has_one_record_per_entry_in_order_with_its_attempt() -> None:
-    part = PartitionState(TP, None, [], Counts(), 0.0)
+    part = ShardedPartition(TP, None, [], Counts(), 0.0)
     shard = Shard(None, part)
     entries = [Entry(offset, part, shard, message(offset), 0.0) for offset in (5, 9, 12)]
     entries[1].attempts = 2  # failed twice before

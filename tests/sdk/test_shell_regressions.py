@@ -487,11 +487,11 @@ def test_a_due_retry_with_every_worker_busy_does_not_spin() -> None:
 
 
 def _entry(offset: int) -> Entry:
-    from sdk.engine._partition import Counts, PartitionState
-    from sdk.engine._shards import Shard
+    from sdk.engine._partition import Counts
+    from sdk.engine._shards import Shard, ShardedPartition
     from tests.sdk.simulated import SimMessage
 
-    part = PartitionState(TP0, None, [], Counts(), 0.0)
+    part = ShardedPartition(TP0, None, [], Counts(), 0.0)
     shard = Shard(TP0, part)
     return Entry(offset, part, shard, SimMessage(TP0, offset, None, 0), 0.0)
 
