@@ -105,12 +105,9 @@ def circles(exclude_type_checking_imports: bool) -> list[set[str]]:
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:
-    """No import circle at run time; among imports for type checking only, one: the
-    compiled core's partition state and its shards refer to each other's types (mypyc
-    compiles both with native attribute access)."""
+    """No import circle, at run time or among imports made for type checking only."""
     assert circles(exclude_type_checking_imports=True) == []
-    allowed = [{"sdk.engine._partition", "sdk.engine._shards"}]
-    assert circles(exclude_type_checking_imports=False) == allowed
+    assert circles(exclude_type_checking_imports=False) == []
 
 
 def test_a_record_without_a_timestamp_is_told_as_confluent_kafka_tells_it() -> None:
