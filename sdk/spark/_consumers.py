@@ -38,8 +38,13 @@ QUEUED_DEFAULT = 100_000  # librdkafka's queued.min.messages
 
 # Prefetch limits sized to a range, used where the user set none: a consumer fetches about
 # what its range holds instead of librdkafka's defaults (100,000 records or 64 MiB queued per
-# partition), which read far past the end of a small range.
-FEWEST_QUEUED, MOST_QUEUED = 1_024, 131_072
+# partition), which read far past the end of a small range. A large range reads ahead at
+# most ``MOST_QUEUED`` records (a few dozen milliseconds of reading): a consumer whose queue
+# holds fewer than that fetches again, and at the log end that fetch comes back empty. Brokers
+# that answer such a fetch at once (noida-db) are asked thousands of times a second until the
+# queue is read: with a read-ahead of 131,072 records that was the last half of every range
+# ending at the log end, about 1 us of the worker's CPU per record and as much of the broker.
+FEWEST_QUEUED, MOST_QUEUED = 1_024, 16_384
 FETCH_BYTES_PER_RECORD = 1_024
 # Never above librdkafka's defaults (50 MiB per fetch, 64 MiB queued per partition).
 MOST_FETCH_BYTES = 52_428_800
