@@ -67,8 +67,9 @@ CHECK_TESTS := tests/gate/test_config.py tests/gate/test_cycles.py \
 	tests/sdk/test_core_properties.py tests/sdk/test_offsets.py tests/sdk/test_record.py \
 	tests/sdk/test_shell_machine.py tests/sdk/test_shell_regressions.py \
 	tests/sdk/test_sizing.py tests/fuzz/test_config_fuzz.py tests/test_layout.py
+# One process per core (pytest-xdist): these tests share nothing but the CPU.
 check: lint
-	@$(BIN)/python -m pytest -q $(CHECK_TESTS); status=$$?; \
+	@$(BIN)/python -m pytest -q -n auto $(CHECK_TESTS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$status
 
