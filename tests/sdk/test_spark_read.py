@@ -656,3 +656,26 @@ def test_the_broker_still_answers_a_fetch_with_more_than_fetch_max_bytes(kafka: 
     finally:
         consumer.close()
     assert refused, f"{kafka.broker.name} kept each answer within fetch.max.bytes"
+
+
+def test_the_end_of_a_partition_written_in_batches(kafka: Kafka) -> None:
+    """Where a batch read ends (``Trigger.AvailableNow``, a gate's end offsets): Tansu reports
+    a partition's end as the base offset of its last batch, short of its last records (which
+    it serves all the same), so the tests write one record per batch (``tests.support``).
+    When this fails on Tansu, it reports the end as Kafka does."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = kafka.create_topic(1)
+    producer = kafka.producer(**{"linger.ms": 50, "batch.num.messages": 1_000})
+    for _ in range(5_000):
+        producer.produce(topic, b"x" * 100, partition=0)
+    producer.flush(60)
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("quirk")})
+    try:
+        _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    if kafka.broker.name == "tansu":
+        assert end < 5_000, "Tansu now reports the end of a partition after its last batch"
+    else:
+        assert end == 5_000
