@@ -42,7 +42,9 @@ def test_requests_beyond_the_limits_are_refused_with_json(kafka: Kafka) -> None:
             "host": "127.0.0.1",
             "port": 0,
             "max_body_bytes": 2048,
-            "rate_limit_per_s": 5,
+            # A token every 2 s: the burst's 30 requests meet a refusal unless they take
+            # over 40 s (at 5 a second, a loaded machine's 30 took long enough to get none).
+            "rate_limit_per_s": 0.5,
             "rate_limit_burst": 10,
         },
     )
