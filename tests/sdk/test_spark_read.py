@@ -532,7 +532,8 @@ def test_prefetch_follows_the_range_and_the_users_settings_win() -> None:
 
     assert sized({}, 200)["queued.min.messages"] == "1024"
     assert sized({}, 5_000)["queued.min.messages"] == "8192"
-    # A large range reads ahead a bounded part of it (see the next test).
+    # A large range reads ahead a bounded part of it (see
+    # test_a_consumer_sends_no_fetch_while_its_queue_holds_its_read_ahead).
     assert sized({}, 10_000_000)["queued.min.messages"] == "16384"
     assert int(sized({}, 200)["queued.max.messages.kbytes"]) < 65_536  # librdkafka's default
     # A queue that was full is filled again at once, not after a second.
