@@ -239,14 +239,18 @@ def test_the_snippet_runs_as_written(
 def test_a_consumer_snippet_answers_at_once_after_ctrl_c(
     demo: dict[str, str], where: str, code: str, tmp_path: Path
 ) -> None:
-    """Ctrl-C mid-run stops it quietly; run again with the same group, it answers as fast."""
+    """Ctrl-C mid-run stops it quietly; run again with the same group, it answers as fast:
+    within the bound of a first line (:data:`FIRST_RECORD_WITHIN`), or within as long as the
+    first run took plus those 5 s (on a loaded machine, starting Python may take longer in
+    the runs than when it was measured)."""
     first = Run(code, tmp_path, demo)
     first.wait_for_lines(1, timeout=120)
     assert first.out, f"{where} printed nothing"
+    assert first.first_line_after is not None
     exit_code, stderr = first.stop(signal.SIGINT)
     _assert_stopped_cleanly(where, first, exit_code, stderr)
 
-    bound = 2 * python_start(tmp_path, demo) + FIRST_RECORD_WITHIN
+    bound = FIRST_RECORD_WITHIN + max(2 * python_start(tmp_path, demo), first.first_line_after)
     again = Run(code, tmp_path, demo)
     again.wait_for_lines(1, timeout=60)
     exit_code, stderr = again.stop(signal.SIGINT)
