@@ -43,8 +43,8 @@ CORE_TESTS := tests/sdk/test_core_properties.py tests/sdk/test_shell_machine.py 
 	tests/sdk/test_shell_regressions.py tests/sdk/test_sizing.py tests/sdk/test_record.py
 # PYTEST_WORKERS=3 runs the suite in 3 processes (pytest-xdist): a file's tests stay together in
 # one, and so do the Spark tests and the fault scenarios (tests/conftest.py). On two cores it
-# takes about 33 minutes instead of about 55, but some tests that time a service's start (the
-# docs' demo, fault scenarios) fail there under the load: the default stays one process.
+# takes about 36-40 minutes instead of about 55 (its last two runs green); the default stays
+# one process until it has been green longer.
 PYTEST_WORKERS ?= 0
 test: lint
 	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); status=$$?; \
