@@ -45,17 +45,16 @@ def output_config(
     config = {k: v for k, v in consumer.items() if k not in CONSUMER_ONLY}
     config.pop("fetch.queue.backoff.ms", None)
     config["enable.idempotence"] = True  # per output partition: in order, no duplicates
+    config.update(given)
     if transactional:
+        config.setdefault("transactional.id", transactional_id(group, consumer))
         # At least once ``linger.ms`` stays librdkafka's 5 ms (at 1 ms its thread wakes for
         # fewer outputs at a time: about a microsecond of CPU more per output). Exactly once,
         # 1 ms as before: at 5 ms, a producer fenced while its outputs lingered saw
         # confluent-kafka's flush raise SystemError instead of the fencing error in 4 runs of
         # 15 of the fencing test (at 1 ms, 0 of 20 in two batches, but a batch just before
         # failed 4 times in 16, once with another confluent-kafka error: not understood yet).
-        config["linger.ms"] = 1
-    config.update(given)
-    if transactional:
-        config.setdefault("transactional.id", transactional_id(group, consumer))
+        config.setdefault("linger.ms", 1)
         # Only failed deliveries are reported (they break the transaction): no callback runs
         # for the outputs that arrive.
         config["delivery.report.only.error"] = True

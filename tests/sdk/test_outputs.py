@@ -1274,6 +1274,20 @@ def test_output_options_are_checked_with_a_clear_message() -> None:
     )
     assert transactional.producer_config["transactional.id"] == "g.one"
     assert transactional.producer_config["enable.idempotence"] is True
+    # linger.ms: 1 ms exactly once, librdkafka's own (5 ms) at least once; the user's wins.
+    assert transactional.producer_config["linger.ms"] == 1
+    at_least_once = ParallelConsumer({"group.id": "g"}, ["t"], print, registry=None)
+    assert "linger.ms" not in at_least_once.producer_config
+    for mode in (CommitMode.CONSUMER, CommitMode.TRANSACTIONAL):
+        given = ParallelConsumer(
+            {"group.id": "g"},
+            ["t"],
+            print,
+            Options(commit_mode=mode),
+            producer_config={"linger.ms": 20},
+            registry=None,
+        )
+        assert given.producer_config["linger.ms"] == 20
 
 
 def test_a_list_mixing_outputs_and_other_values_fails_its_input(kafka: Kafka) -> None:
