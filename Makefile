@@ -41,11 +41,10 @@ lint: $(VENV)/.installed-dev
 # tests run twice: on the compiled core (with everything else), then on the pure-Python one.
 CORE_TESTS := tests/sdk/test_core_properties.py tests/sdk/test_shell_machine.py \
 	tests/sdk/test_shell_regressions.py tests/sdk/test_sizing.py tests/sdk/test_record.py
-# PYTEST_WORKERS=3 runs the suite in 3 processes (pytest-xdist): a file's tests stay together in
-# one, and so do the Spark tests and the fault scenarios (tests/conftest.py). On two cores it
-# takes about 36-40 minutes instead of about 55 (its last two runs green); the default stays
-# one process until it has been green longer.
-PYTEST_WORKERS ?= 0
+# The suite runs in 3 processes (pytest-xdist): a file's tests stay together in one, and so do
+# the Spark tests and the fault scenarios (tests/conftest.py). PYTEST_WORKERS=0 runs it in this
+# one process.
+PYTEST_WORKERS ?= 3
 test: lint
 	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
