@@ -66,7 +66,7 @@ def broker(request: pytest.FixtureRequest) -> Broker:
     )
 
 
-# Run in parallel (``make test PYTEST_WORKERS=3``: ``pytest -n 3 --dist loadgroup``), each
+# Run in parallel (``make test``: ``pytest -n 3 --dist loadgroup``), each
 # process with services of its own (the session's fixtures). A file's tests run in one process,
 # one after the other, sharing their module's fixtures; the files of these groups, one after the
 # other in one process too: the Spark tests (a Spark session is a JVM that takes a core) and the
