@@ -20,6 +20,8 @@ printed and kept in tests/artifacts/exactly_once.json. The run is driven by the 
 harness of :mod:`tests.faults.test_exactly_once`; it runs on noida-db only (Tansu does not
 abort a fenced producer's open transaction, and keeps nothing across a restart).
 
+The copiers' session timeout is long (SESSION_TIMEOUT_MS): noida-db can otherwise let two
+copiers commit copies of one input (NOIDA_JOIN, shown by tests/faults/test_noida_groups.py).
 The last tests pin down the facts about noida-db 0.2 that shape the broker bounce and the
 readers: it loses acknowledged records when killed (so its bounce is a clean stop), aborts
 the transactions open at a restart without fencing their producers (so the copiers are down
@@ -81,6 +83,18 @@ NOIDA_RESTART = (
     "adds after the restart, and its records in the others stay pending until its next "
     "commit there"
 )
+NOIDA_JOIN = (
+    "noida-db drops a member whose join it held longer than the member's session timeout "
+    "right after telling it its assignment, and accepts a transaction's offsets sent with an "
+    "earlier generation (no KIP-447 fencing): a copier that joins while another revokes for "
+    "longer than that copies partitions their next owner copies too, and both commit "
+    "(tests/faults/test_noida_groups.py)"
+)
+SESSION_TIMEOUT_MS = 30_000
+"""The copiers' ``session.timeout.ms``: far above a revoke's longest wait (its records still
+running, its commit) plus a heartbeat, so that no join is held past it (NOIDA_JOIN). A
+bounced copier comes back at once with its ``group.instance.id``: nothing waits for a
+session to expire."""
 NOIDA_FETCH = (
     "noida-db hands a read_committed fetch every aborted transaction of the partition, those "
     "that ended before the offset fetched too: the client then skips the records its producer "
@@ -495,7 +509,14 @@ def test_three_copiers_in_a_group_bounced_with_the_broker_copy_exactly_once(
     if not local_broker.keeps_data:
         pytest.skip(f"{local_broker.kind} keeps nothing across a restart: no broker bounce")
     kafka = Kafka(local_broker.bootstrap, broker)
-    pipeline = Pipeline(kafka, tmp_path, "transactional", per_partition=PER_PARTITION, sleep=SLEEP)
+    pipeline = Pipeline(
+        kafka,
+        tmp_path,
+        "transactional",
+        per_partition=PER_PARTITION,
+        sleep=SLEEP,
+        settings=[f"session.timeout.ms={SESSION_TIMEOUT_MS}"],
+    )
     pipelines.append(pipeline)
     timeline = Timeline()
     reader = LiveReader(kafka.bootstrap, pipeline.target, timeline)
