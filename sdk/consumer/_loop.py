@@ -1,13 +1,13 @@
 """The consumer's thread: the loop that drives the core, and how it waits.
 
 Each turn of the loop fetches, applies results and commands from the inbox, hands work to the
-runner, serves dead-letter reports, commits on its interval, tells librdkafka which
-partitions to pause or resume, publishes stats, and returns how long it may then block
-waiting for news; it never blocks itself, so tests can drive it turn by turn. The loop waits
-in the consumer's ``poll()`` when nothing is held (a new record wakes it at once) and on the
-inbox otherwise (results and commands wake it). The revoke callback, which runs inside
-``consume()``, waits for the revoked partitions' results alone and leaves every other
-command in the inbox for the next turn.
+runner, serves dead-letter reports, commits on its interval (or at once when it has caught up:
+see :meth:`ConsumerLoop._commit_due`), tells librdkafka which partitions to pause or resume,
+publishes stats, and returns how long it may then block waiting for news; it never blocks
+itself, so tests can drive it turn by turn. The loop waits in the consumer's ``poll()`` when
+nothing is held (a new record wakes it at once) and on the inbox otherwise (results and
+commands wake it). The revoke callback, which runs inside ``consume()``, waits for the revoked
+partitions' results alone and leaves every other command in the inbox for the next turn.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ _GIVE_BACK_EVERY = 0.1
 """Seconds between looks for stalled partitions that could give records back."""
 _MIN_WAIT = 0.001
 """The loop never blocks for less: a timer that is due but cannot be served must not spin."""
+_IDLE_COMMIT_GAP = 0.1
+"""Seconds at least between the commits of a consumer that keeps catching up (a trickle of
+records, each done before the next arrives, commits about this often, not per record)."""
 
 
 class ConsumerLoop:
@@ -76,6 +79,7 @@ class ConsumerLoop:
     _watermarks_pending: threading.Event
     _fetched_at: float
     _commit_at: float
+    _progressed: bool  # records completed since the last commit
     _stats_at: float
     _give_back_at: float
 
@@ -104,11 +108,12 @@ class ConsumerLoop:
         if self._dead_letters is not None:
             self._dead_letters.poll()
         mono = self._mono()
-        if mono - self._commit_at >= self.options.commit_interval or self._committer.pending:
+        if self._commit_due(mono):
             if self._stop is None:  # (while stopping, fetched records are not registered)
                 self._note_positions()
             if self._committer.commit(self._consumer, sync=False):
                 self._commit_at = mono
+                self._progressed = False
         self._apply_pauses()  # after the commit: collecting progress frees room
         if mono - self._give_back_at >= _GIVE_BACK_EVERY:
             self._give_back_at = mono
@@ -123,6 +128,24 @@ class ConsumerLoop:
     def _idle(self) -> bool:
         return not self.core.outstanding and not self.core.held() and self._stop is None
 
+    def _commit_due(self, mono: float) -> bool:
+        """Commit on the interval; and, with ``Options.commit_when_idle``, at once (at most
+        every ``_IDLE_COMMIT_GAP``) when the consumer has caught up: nothing it fetched is
+        running, waiting for its outputs' acknowledgements or held, and records completed
+        since the last commit. A consumer that finished its backlog then commits its progress
+        (closes its transaction, exactly once) without waiting for the interval's end, so
+        that the services gated on its group, and ``read_committed`` readers of its outputs,
+        go on at once."""
+        since = mono - self._commit_at
+        if since >= self.options.commit_interval or self._committer.pending:
+            return True
+        return (
+            self._progressed
+            and since >= _IDLE_COMMIT_GAP
+            and self.options.commit_when_idle
+            and self._idle()
+        )
+
     def _wait_time(self, now: float) -> float:
         """How long nothing can happen without news: records running report soon; with only
         held records (a closed gate, a retry delay) watermark changes and timers wake us."""
@@ -133,6 +156,8 @@ class ConsumerLoop:
             wait = 0.02
         else:
             wait = min(0.1, self.options.commit_interval)
+            if self._progressed and self.options.commit_when_idle:  # (see _commit_due)
+                wait = min(wait, self._commit_at + _IDLE_COMMIT_GAP - self._mono())
         due = core.next_due()
         if due is not None and self._free_slots() > 0 and not core.paused_all:
             wait = min(wait, due - now)  # a parked record we could start becomes due
@@ -367,6 +392,7 @@ class ConsumerLoop:
 
     def _apply(self, item_id: int, results: list[Any], now: float) -> None:
         outcome = self.core.complete(item_id, results, now)
+        self._progressed = True
         for entry in outcome.dead_letters:
             assert self._dead_letters is not None  # a dead-letter decision needs the topic
             self._dead_letters.send(entry)

@@ -150,6 +150,7 @@ class ParallelConsumer(ConsumerLoop):
         self._watermarks_pending = threading.Event()
         self._holds = None if gate is None else Holds(gate, self.core)
         self._fetched_at = self._commit_at = self._stats_at = self._give_back_at = -1e18
+        self._progressed = False
 
     def _now(self) -> float:
         return self._time()

@@ -1,11 +1,12 @@
 """Exactly-once commits: bulk transactions of outputs and the offsets of their inputs.
 
 With ``CommitMode.TRANSACTIONAL`` one transactional producer writes every handler output and
-dead-letter copy. Every ``commit_interval`` the consumer's thread closes the open transaction:
-it asks workers to wait before starting another item, waits (without blocking its loop) until
-no item holds the transaction lock, applies the results those items reported, then sends the
-offsets (and offset maps) of the inputs that are done with the consumer's group metadata and
-commits; then it opens the next transaction and lets the workers go on. So every output in a
+dead-letter copy. Every ``commit_interval`` (and once it has caught up: see
+``ConsumerLoop._commit_due``) the consumer's thread closes the open transaction: it asks
+workers to wait before starting another item, waits (without blocking its loop) until no item
+holds the transaction lock, applies the results those items reported, then sends the offsets
+(and offset maps) of the inputs that are done with the consumer's group metadata and commits;
+then it opens the next transaction and lets the workers go on. So every output in a
 transaction belongs to an input whose offset is in the same transaction, and outputs produced
 while a commit is in progress wait for the next transaction.
 

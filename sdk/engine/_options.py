@@ -110,6 +110,12 @@ class Options:
     stalled partitions are paused at their share and count as their share (see docs/sdk.md,
     *Back-pressure and memory*). Default: max(10,000, 4 x concurrency x batch size)."""
     commit_interval: float = 1.0
+    commit_when_idle: bool = True
+    """Also commit (exactly once: close the transaction) as soon as the consumer has caught
+    up, at most every 0.1 s: nothing it fetched is running, waiting for its outputs'
+    acknowledgements or held, and records completed since the last commit. The services
+    gated on this group, and ``read_committed`` readers of its outputs, then go on without
+    waiting for the interval's end. False: only every ``commit_interval``."""
     commit_mode: CommitMode = CommitMode.CONSUMER
     """How handler outputs and offsets are committed (see docs/produce.md)."""
     revoke_timeout: float = 10.0
@@ -174,6 +180,8 @@ class Options:
                 raise bad(name, "must be a number of seconds, 0 or more")
         if self.commit_interval <= 0:
             raise bad("commit_interval", "must be more than 0 seconds")
+        if not isinstance(self.commit_when_idle, bool):
+            raise bad("commit_when_idle", "must be True or False")
         choices = {
             "null_keys": ("ordered", "unordered"),
             "on_exhausted": ("dead_letter", "skip"),

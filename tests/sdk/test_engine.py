@@ -47,6 +47,7 @@ def keyed(partition: int, i: int) -> bytes:
         ({"batch_size": 0}, "batch_size"),
         ({"process_delay": -1}, "process_delay"),
         ({"commit_interval": 0}, "commit_interval"),
+        ({"commit_when_idle": "yes"}, "commit_when_idle: must be True or False"),
         ({"max_attempts": 3}, "dead_letter_topic"),
         ({"on_decode_error": "dead_letter"}, "dead_letter_topic"),
         ({"offset_map_store": "redis"}, "offset_map_redis_url"),

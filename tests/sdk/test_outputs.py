@@ -905,7 +905,7 @@ def test_outputs_of_lost_partitions_are_not_committed(
         },
         [source],
         lambda record: output(record, out),
-        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=600),
+        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=600, commit_when_idle=False),
         registry=None,
     ).start()
     try:
@@ -1022,7 +1022,7 @@ def test_a_broker_outage_longer_than_the_transaction_calls_does_not_stop_the_con
         },
         [source],
         lambda record: output(record, out),
-        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=4.0),
+        Options(commit_mode=CommitMode.TRANSACTIONAL, commit_interval=4.0, commit_when_idle=False),
         producer_config={"socket.timeout.ms": 2000, "transaction.timeout.ms": 10000},
         registry=None,
     ).start()

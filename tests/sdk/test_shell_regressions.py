@@ -1163,3 +1163,62 @@ def test_a_static_member_fenced_without_losing_its_session_stops(since_loss: flo
     with pytest.raises(EngineError, match="fenced"):
         shell.turn(2)
     assert shell.engine.sim is old
+
+
+# ---- a consumer that caught up commits at once ----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [CommitMode.CONSUMER, CommitMode.TRANSACTIONAL])
+def test_a_consumer_that_caught_up_commits_without_waiting_for_its_interval(
+    mode: CommitMode,
+) -> None:
+    """Its backlog done, a consumer waited out the commit interval (a minute here) before
+    committing: the services gated on its group, and ``read_committed`` readers of its
+    outputs, waited as long for records it had finished. Nothing it fetched is running or
+    waiting now, so it commits (closes its transaction) within a turn or two."""
+    shell = Shell(Options(commit_mode=mode, commit_interval=60), keeps_metadata=True)
+    shell.turn()  # (the first commit of all is due at once)
+    shell.cluster.produce(0, [b"a", b"b", b"c"])
+    shell.run_all(turns=5, seconds=0.05)  # a quarter of a second
+    assert shell.committed() == 3
+    if mode == CommitMode.TRANSACTIONAL:
+        assert shell.outputs() == ["0:0", "0:1", "0:2"]
+
+
+def test_a_busy_consumer_commits_on_its_interval_and_a_trickle_not_per_record() -> None:
+    """While a record of another partition is running, what completed waits for the interval
+    (committing it then costs a commit per interval, not per item); records arriving one at a
+    time, each done before the next, are committed about every tenth of a second, not one
+    commit each."""
+    shell = Shell(Options(ordering=Ordering.PARTITION, commit_interval=60), partitions=2)
+    shell.turn()
+    shell.cluster.produce(0, [b"a"])
+    shell.cluster.produce(1, [b"b"])
+    shell.turn()
+    first, second = shell.running()
+    shell.finish(first)
+    shell.turn(times=20, seconds=0.05)
+    assert shell.committed(first.entries[0].tp[1]) is None, "committed while a record ran"
+    shell.finish(second)
+    shell.turn(times=2, seconds=0.05)
+    assert (shell.committed(0), shell.committed(1)) == (1, 1)
+    commits = len(shell.cluster.commit_history)
+    for _ in range(50):  # a record every 10 ms for half a second, each done at once
+        shell.cluster.produce(0, [b"a"])
+        shell.turn(seconds=0.005)
+        shell.finish_all(turns=1, seconds=0.005)
+    shell.turn(times=30, seconds=0.01)
+    assert shell.committed(0) == 51
+    made = len(shell.cluster.commit_history) - commits
+    assert 3 <= made <= 8, f"{made} commits for 50 records over 0.8 s"
+
+
+def test_a_consumer_told_not_to_commit_when_idle_commits_on_its_interval_only() -> None:
+    """``commit_when_idle=False``: caught up or not, progress waits for the interval."""
+    shell = Shell(Options(commit_interval=60, commit_when_idle=False))
+    shell.turn()
+    shell.cluster.produce(0, [b"a", b"b", b"c"])
+    shell.finish_all(turns=20, seconds=0.05)
+    assert shell.committed() is None
+    shell.turn(seconds=60)
+    assert shell.committed() == 3
