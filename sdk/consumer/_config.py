@@ -50,10 +50,9 @@ def output_config(
         config.setdefault("transactional.id", transactional_id(group, consumer))
         # At least once ``linger.ms`` stays librdkafka's 5 ms (at 1 ms its thread wakes for
         # fewer outputs at a time: about a microsecond of CPU more per output). Exactly once,
-        # 1 ms as before: at 5 ms, a producer fenced while its outputs lingered saw
-        # confluent-kafka's flush raise SystemError instead of the fencing error in 4 runs of
-        # 15 of the fencing test (at 1 ms, 0 of 20 in two batches, but a batch just before
-        # failed 4 times in 16, once with another confluent-kafka error: not understood yet).
+        # 1 ms: every close of a transaction flushes anyway. (A producer fenced while its
+        # outputs lingered can make confluent-kafka's flush raise SystemError from the
+        # fencing error: see kafka_errors.)
         config.setdefault("linger.ms", 1)
         # Only failed deliveries are reported (they break the transaction): no callback runs
         # for the outputs that arrive.

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import queue
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -186,6 +187,9 @@ class ParallelConsumer(ConsumerLoop):
         except BaseException as exc:
             self._error = exc
             raise
+        except:  # noqa: E722 (confluent-kafka can raise a KafkaError, which is no exception)
+            self._error = EngineError(f"a Kafka client failed: {sys.exc_info()[1]}")
+            raise self._error from None
         finally:
             self._close()
             if collector:

@@ -67,7 +67,7 @@ from sdk.consumer._commits import Committer
 from sdk.consumer._fencing import FENCED_HINT, TransactionError, error_text, kind_of
 from sdk.consumer._maps import OffsetMaps
 from sdk.engine._core import TP, WorkCore
-from sdk.produce._producer import Outputs
+from sdk.produce._producer import Outputs, kafka_errors
 
 log = logging.getLogger("sdk")
 
@@ -162,7 +162,8 @@ class TransactionalCommitter(Committer):
             producer = self.outputs.producer
             self.init_calls += 1
             try:
-                producer.init_transactions(timeout if self.init_calls == 1 else RESUME_TIMEOUT)
+                with kafka_errors():
+                    producer.init_transactions(timeout if self.init_calls == 1 else RESUME_TIMEOUT)
             except KafkaException as exc:
                 kind = kind_of(exc)
                 if kind in ("retriable", "abortable"):
@@ -190,7 +191,8 @@ class TransactionalCommitter(Committer):
             self.pending = True  # items in flight: it opens once they are gone
             return
         try:
-            self.outputs.producer.begin_transaction()
+            with kafka_errors():
+                self.outputs.producer.begin_transaction()
         except KafkaException as exc:
             if kind_of(exc) == "fenced":
                 self._dies(exc)
@@ -279,13 +281,14 @@ class TransactionalCommitter(Committer):
             # Every output's delivery reported first, while the workers wait (the reports are
             # served here, where nothing competes for the interpreter): a failed delivery
             # aborts the transaction before its offsets are sent.
-            producer.flush(TIMEOUT)
-            if self.outputs.broken is None:
-                if offsets:
-                    producer.send_offsets_to_transaction(
-                        offsets, consumer.consumer_group_metadata(), TIMEOUT
-                    )
-                producer.commit_transaction(TIMEOUT)
+            with kafka_errors():
+                producer.flush(TIMEOUT)
+                if self.outputs.broken is None:
+                    if offsets:
+                        producer.send_offsets_to_transaction(
+                            offsets, consumer.consumer_group_metadata(), TIMEOUT
+                        )
+                    producer.commit_transaction(TIMEOUT)
         except KafkaException as exc:
             if kind_of(exc) == "fenced":
                 self._dies(exc)
@@ -332,7 +335,8 @@ class TransactionalCommitter(Committer):
             return
         if self.open or self.state == "committing":
             try:
-                self.outputs.producer.abort_transaction(TIMEOUT)
+                with kafka_errors():
+                    self.outputs.producer.abort_transaction(TIMEOUT)
             except KafkaException as exc:
                 if kind_of(exc) == "fenced":
                     self._dies(exc)
@@ -412,7 +416,8 @@ class TransactionalCommitter(Committer):
         ``read_committed`` readers are not held until it times out. (Dead: nothing.)"""
         if self.open and self.outputs.in_transaction:
             try:
-                self.outputs.producer.abort_transaction(5.0)
+                with kafka_errors():
+                    self.outputs.producer.abort_transaction(5.0)
             except KafkaException as exc:
                 log.warning("aborting the last transaction: %s", error_text(exc))
         if self.state != "dead":

@@ -11,10 +11,12 @@ breaks it (the transaction is aborted and its inputs run again).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -141,6 +143,16 @@ class Outputs:
         try:
             self.unserved = 0
             producer.poll(0)
+        except SystemError as exc:
+            found = kafka_error(exc)
+            if found is None:
+                raise
+            raise found from None
+        except:  # noqa: E722 (not an exception at all: see kafka_error)
+            found = kafka_error(sys.exc_info()[1])
+            if found is None:
+                raise
+            raise found from None
         finally:
             self._serving.release()
         return True
@@ -286,3 +298,39 @@ class Outputs:
 def _text(exc: BaseException) -> str:
     error = exc.args[0] if exc.args else exc
     return error.str() if isinstance(error, KafkaError) else str(error)
+
+
+@contextmanager
+def kafka_errors() -> Iterator[None]:
+    """Around a producer's call: what confluent-kafka raises in place of a
+    ``KafkaException`` is raised as that ``KafkaException`` (see :func:`kafka_error`)."""
+    try:
+        yield
+    except BaseException as exc:
+        found = kafka_error(exc)
+        if found is None or found is exc:
+            raise
+        raise found from None
+    except:  # noqa: E722 (not an exception at all: see kafka_error)
+        found = kafka_error(sys.exc_info()[1])
+        if found is None:
+            raise
+        raise found from None
+
+
+def kafka_error(raised: object) -> KafkaException | None:
+    """The ``KafkaException`` behind what a producer's call raised, if any. When
+    confluent-kafka meets a fatal error (a fenced producer's) while it serves callbacks, it
+    sets that error and goes on serving those already due (the producer's log lines): the
+    call then raises a ``SystemError`` caused by it, or the ``KafkaError`` itself, which is not
+    an exception (no ``except`` clause but a bare one catches it)."""
+    if isinstance(raised, KafkaError):
+        return KafkaException(raised)
+    seen: set[int] = set()
+    found = raised if isinstance(raised, BaseException) else None
+    while found is not None and id(found) not in seen:
+        if isinstance(found, KafkaException):
+            return found
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ctypes
 import queue
 import time
 from typing import Any
@@ -1099,6 +1100,70 @@ def test_a_fenced_error_raised_by_the_output_producer_s_poll_stops_with_a_transa
     with pytest.raises(TransactionError, match="fenced"):
         shell.turn()
     assert shell.engine._committer.dead
+
+
+def system_error_from(cause: BaseException | None, call: str = "flush") -> SystemError:
+    """What Python raises when confluent-kafka returns from ``call`` with an exception set
+    by a callback (``cause``: the fatal error it had set before, if any)."""
+    error = SystemError(f"<built-in method {call} of cimpl.Producer object> returned a result")
+    error.__cause__ = cause
+    return error
+
+
+def fenced_error() -> KafkaError:
+    return KafkaError(KafkaError._FENCED, "producer fenced", fatal=True)
+
+
+def raise_kafka_error_itself(error: KafkaError) -> None:
+    """Raise what confluent-kafka's calls sometimes raise on a fatal error: the ``KafkaError``
+    itself, which is no exception (set as C code sets it)."""
+    ctypes.pythonapi.PyErr_SetObject(ctypes.py_object(KafkaError), ctypes.py_object(error))
+
+
+@pytest.mark.parametrize("raised", ["system-error", "kafka-error-itself"])
+@pytest.mark.parametrize("call", ["flush", "poll"])
+def test_a_fenced_error_raised_oddly_by_the_producer_stops_with_a_transaction_error(
+    call: str, raised: str
+) -> None:
+    """confluent-kafka meets the fencing while it serves callbacks, and its log callbacks
+    still run: the commit's flush (or a poll) raises a ``SystemError`` caused by the
+    fencing error, or the ``KafkaError`` itself, which no ``except`` clause but a bare one
+    catches (both seen on noida-db with a fenced producer's outputs lingering). The
+    consumer stops with ``TransactionError`` naming the fencing, makes no new producer and
+    no further transactional call (before: the first ended it with an error that did not say
+    it was fenced; the second killed its thread, and ``stop()`` reported nothing)."""
+    shell = transactional_shell()
+    producer = shell.in_open_transaction([b"a", b"b"])
+
+    def fails(timeout: float = 0) -> int:
+        if raised == "system-error":
+            raise system_error_from(KafkaException(fenced_error()), call)
+        raise_kafka_error_itself(fenced_error())
+        raise AssertionError("not raised")
+
+    setattr(producer, call, fails)
+    calls = len(producer.calls)
+    with pytest.raises(TransactionError, match="fenced"):
+        shell.turn(seconds=0.2)
+    assert shell.engine._committer.dead
+    assert shell.engine.output_producer is producer, "a new producer was made"
+    assert [c for c in producer.calls[calls:] if c != "flush"] == [], producer.calls[calls:]
+
+
+def test_a_system_error_without_a_kafka_cause_is_not_taken_for_a_kafka_error() -> None:
+    """A ``SystemError`` from the commit's flush that no ``KafkaException`` caused is not
+    guessed at: it ends the turn as it is, and no new producer is made (one would fence
+    whoever holds the ``transactional.id`` now)."""
+    shell = transactional_shell()
+    producer = shell.in_open_transaction([b"a", b"b"])
+
+    def fails(timeout: float = 0) -> int:
+        raise system_error_from(None)
+
+    producer.flush = fails
+    with pytest.raises(SystemError):
+        shell.turn(seconds=0.2)
+    assert shell.engine.output_producer is producer, "a new producer was made"
 
 
 # ---- a static member fenced by its own previous session after a long outage -------------
