@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -143,16 +143,8 @@ class Outputs:
         try:
             self.unserved = 0
             producer.poll(0)
-        except SystemError as exc:
-            found = kafka_error(exc)
-            if found is None:
-                raise
-            raise found from None
-        except:  # noqa: E722 (not an exception at all: see kafka_error)
-            found = kafka_error(sys.exc_info()[1])
-            if found is None:
-                raise
-            raise found from None
+        except:  # noqa: E722 (what is no exception too: see kafka_error)
+            raise_as_kafka_exception()
         finally:
             self._serving.release()
         return True
@@ -306,16 +298,18 @@ def kafka_errors() -> Iterator[None]:
     ``KafkaException`` is raised as that ``KafkaException`` (see :func:`kafka_error`)."""
     try:
         yield
-    except BaseException as exc:
-        found = kafka_error(exc)
-        if found is None or found is exc:
-            raise
-        raise found from None
-    except:  # noqa: E722 (not an exception at all: see kafka_error)
-        found = kafka_error(sys.exc_info()[1])
-        if found is None:
-            raise
-        raise found from None
+    except:  # noqa: E722 (what is no exception too: see kafka_error)
+        raise_as_kafka_exception()
+
+
+def raise_as_kafka_exception() -> NoReturn:
+    """In an ``except`` clause: raise the ``KafkaException`` behind what was caught (see
+    :func:`kafka_error`), or what was caught, as it is."""
+    raised = sys.exc_info()[1]
+    found = kafka_error(raised)
+    if found is None or found is raised:
+        raise  # (the exception being handled)
+    raise found from None
 
 
 def kafka_error(raised: object) -> KafkaException | None:

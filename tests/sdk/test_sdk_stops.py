@@ -75,7 +75,10 @@ def test_a_stopped_consumer_says_a_line_at_most_and_exits_0(
             os.killpg(process.pid, signum)  # Ctrl-C reaches the whole process group
         else:
             process.send_signal(signum)
-        code = process.wait(60)
+        try:
+            code: int | None = process.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None  # (what it said is in the assertion below)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -83,6 +86,7 @@ def test_a_stopped_consumer_says_a_line_at_most_and_exits_0(
     reader.join(10)
     stderr = process.stderr.read() if process.stderr else ""
     assert len(out) >= 10, stderr
+    assert code is not None, f"still running 60 s after the signal; it said:\n{stderr}"
     assert code == 0, stderr
     assert "Traceback" not in stderr, stderr
     assert len(stderr.splitlines()) <= 2, stderr
