@@ -46,6 +46,15 @@ consumer.run()
 """
 
 
+AS_IN_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+"""Runs a command with Ctrl-C at its default, as a terminal starts it: a process started in
+the background of a shell without job control (``nohup make test &``) ignores SIGINT, and so
+would the consumer (Python keeps an ignored SIGINT ignored)."""
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("gated", ["gated", "plain"])
 @pytest.mark.parametrize("handling", ["stop_on_signals", "run"])
@@ -58,8 +67,9 @@ def test_a_stopped_consumer_says_a_line_at_most_and_exits_0(
     kafka.commit(dependency, topic, {0: 10})
     script = tmp_path / "consumer.py"
     script.write_text(SCRIPT)
+    command = [sys.executable, "-u", str(script), topic, unique("a"), dependency, gated, handling]
     process = subprocess.Popen(
-        [sys.executable, "-u", str(script), topic, unique("a"), dependency, gated, handling],
+        [sys.executable, "-c", AS_IN_A_TERMINAL, *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
