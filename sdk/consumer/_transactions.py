@@ -59,7 +59,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Literal, NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -289,6 +289,8 @@ class TransactionalCommitter(Committer):
                             offsets, consumer.consumer_group_metadata(), TIMEOUT
                         )
                     producer.commit_transaction(TIMEOUT)
+        except SystemError as exc:  # (no Kafka error behind it: see kafka_errors)
+            self._failed_unexplained(exc)
         except KafkaException as exc:
             if kind_of(exc) == "fenced":
                 self._dies(exc)
@@ -383,6 +385,25 @@ class TransactionalCommitter(Committer):
         self.state = "renewing"
         self.init_calls = 0
         self.outputs.renew()
+
+    def _failed_unexplained(self, exc: SystemError) -> NoReturn:
+        """Closing the transaction failed and confluent-kafka lost why (it can, when a fatal
+        error meets callbacks still due). A producer failed for good answers any
+        transactional call with its fatal error at once: an abort tells whether it was
+        fenced, and aborts the transaction otherwise. Either way the consumer stops, never
+        renewing the producer on a failure it cannot explain (that would fence whoever took
+        the ``transactional.id`` over)."""
+        try:
+            with kafka_errors():
+                self.outputs.producer.abort_transaction(TIMEOUT)
+        except KafkaException as probe:
+            if kind_of(probe) == "fenced":
+                self._dies(probe)
+        except SystemError:
+            pass
+        self.state = "dead"
+        self.pending = False
+        raise exc
 
     def _dies(self, exc: KafkaException) -> None:
         """Fenced: no further transactional call, ever (see the module's docstring)."""

@@ -326,5 +326,5 @@ def kafka_error(raised: object) -> KafkaException | None:
         if isinstance(found, KafkaException):
             return found
         seen.add(id(found))
-        found = found.__cause__ or found.__context__
+        found = found.__cause__
     return None
