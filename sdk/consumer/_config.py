@@ -51,8 +51,8 @@ def output_config(
         # At least once ``linger.ms`` stays librdkafka's 5 ms (at 1 ms its thread wakes for
         # fewer outputs at a time: about a microsecond of CPU more per output). Exactly once,
         # 1 ms: every close of a transaction flushes anyway. (A producer fenced while its
-        # outputs lingered can make confluent-kafka's flush raise SystemError from the
-        # fencing error: see kafka_errors.)
+        # outputs lingered can make confluent-kafka's flush raise the fencing oddly: see
+        # sdk.produce._producer.kafka_error.)
         config.setdefault("linger.ms", 1)
         # Only failed deliveries are reported (they break the transaction): no callback runs
         # for the outputs that arrive.

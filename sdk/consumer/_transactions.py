@@ -390,20 +390,24 @@ class TransactionalCommitter(Committer):
         """Closing the transaction failed and confluent-kafka lost why (it can, when a fatal
         error meets callbacks still due). A producer failed for good answers any
         transactional call with its fatal error at once: an abort tells whether it was
-        fenced, and aborts the transaction otherwise. Either way the consumer stops, never
-        renewing the producer on a failure it cannot explain (that would fence whoever took
-        the ``transactional.id`` over)."""
+        fenced, and aborts the transaction otherwise. Either way the consumer stops with
+        ``TransactionError``, never renewing the producer on a failure it cannot explain
+        (that would fence whoever took the ``transactional.id`` over)."""
         try:
             with kafka_errors():
                 self.outputs.producer.abort_transaction(TIMEOUT)
+            outcome = "the transaction was aborted"
         except KafkaException as probe:
             if kind_of(probe) == "fenced":
                 self._dies(probe)
-        except SystemError:
-            pass
+            outcome = f"aborting it failed too: {error_text(probe)}"
+        except SystemError as probe:
+            outcome = f"aborting it failed too: {probe}"
         self.state = "dead"
         self.pending = False
-        raise exc
+        raise TransactionError(
+            f"closing the transaction failed without an error from the client ({exc}); {outcome}"
+        ) from exc
 
     def _dies(self, exc: KafkaException) -> None:
         """Fenced: no further transactional call, ever (see the module's docstring)."""
