@@ -76,6 +76,13 @@ class PollResult:
     known_groups: frozenset[str] | None = None
     """The consumer groups the cluster lists, when this poll asked (a dependency had no
     committed offset anywhere): for suggesting a close name. None: not asked this time."""
+    asked_at: float | None = None
+    """When this poll asked the cluster for the groups' and the logs' offsets (wall clock),
+    after anything it did first (a metadata refresh): what its snapshots' versions come from,
+    so that of two replicas' polls the one that read later wins. None: ``started_at``."""
+    answered_at: float | None = None
+    """When the last answer to those requests came in (wall clock): with ``asked_at``, the
+    time the read may have taken the offsets at. None: unknown."""
 
     @property
     def duration(self) -> float:
@@ -365,6 +372,10 @@ class GateState:
     began: float | None = None
     """The wall time of the evaluator's first poll: a time at or before it (a commit or a
     watermark first seen then) stands for "at least since then"."""
+    read: tuple[float, float] | None = None
+    """When its poll asked for the offsets and when the last answer came (wall clock): the
+    time the broker read them is in between. Two replicas' reads overlap when each began
+    before the other ended; then neither is known to be the newer (None: unknown)."""
 
     @property
     def gate(self) -> str:

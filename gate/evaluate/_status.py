@@ -130,9 +130,11 @@ class GateEvaluator:
     def last(self) -> GateState | None:
         return self._last
 
-    def next_version(self, started_at: float) -> int:
+    def next_version(self, asked_at: float) -> int:
+        """The version of a snapshot read at ``asked_at`` (wall clock): its milliseconds, above
+        the previous version and the floor."""
         previous = self._last.version if self._last else 0
-        return max(previous + 1, int(started_at * 1000), self.version_floor + 1)
+        return max(previous + 1, int(asked_at * 1000), self.version_floor + 1)
 
     def _reset_moved_logs(
         self, partitions: list[Partition], end_offsets: Mapping[Partition, int], now: float
@@ -318,7 +320,7 @@ class GateEvaluator:
         previous_state = self._last
         snapshot = Snapshot(
             gate=self.gate,
-            version=self.next_version(wall),
+            version=self.next_version(wall if poll.asked_at is None else poll.asked_at),
             polled_at=wall,
             watermarks=watermarks,
         )
@@ -348,6 +350,11 @@ class GateEvaluator:
             evaluated=len(moved),
             carried={g: poll.carried[g] for g in self.groups if g in poll.carried},
             began=self._began,
+            read=(
+                None
+                if poll.asked_at is None or poll.answered_at is None
+                else (poll.asked_at, poll.answered_at)
+            ),
         )
         self._last = state
         return state

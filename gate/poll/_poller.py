@@ -220,6 +220,7 @@ class OffsetPoller:
             self._build_requests(counts)
 
         failed_groups: set[str] = set()
+        asked_at = time.time()
         idle = self._idle(started)
         asked_groups = [group for group in self._requests if group not in idle]
         group_futures = self._ask(asked_groups, errors, failed_groups)
@@ -261,6 +262,7 @@ class OffsetPoller:
             wait(more.values(), timeout=self._timeout + 1.0)
             group_futures.update(more)
             asked_groups += woken
+        answered_at = time.time()
 
         committed: dict[str, dict[Partition, int]] = {}
         carried: dict[str, float] = {}
@@ -307,6 +309,8 @@ class OffsetPoller:
             monotonic=started,
             carried=carried,
             known_groups=known_groups,
+            asked_at=asked_at,
+            answered_at=answered_at,
         )
 
     def _list_groups(

@@ -21,6 +21,8 @@ from gate.evaluate._history import GateHistory
 from gate.evaluate._state import GateState
 from gate.publish._redis import (
     PUBLISH_SCRIPT,
+    read_key,
+    read_span,
     snapshot_fields,
     snapshot_message,
     updates_channel,
@@ -153,6 +155,8 @@ class RedisPublisher:
         self.writes = 0
         self.failures = 0
         self.stale_rejections = 0
+        self.overlapping_rejections = 0
+        """States refused because another replica's read, at the same time, saw more."""
 
     async def stored_versions(self, gates: Iterable[str]) -> dict[str, int]:
         """Versions already in Redis (so a restarted gate continues above them)."""
@@ -172,18 +176,24 @@ class RedisPublisher:
         """Write one state; True if Redis now holds it, False if Redis had a newer one."""
         snapshot = state.snapshot
         stored = await self._script(
-            keys=[watermarks_key(self.prefix, snapshot.gate)],
+            keys=[
+                watermarks_key(self.prefix, snapshot.gate),
+                read_key(self.prefix, snapshot.gate),
+            ],
             args=[
                 snapshot.version,
                 updates_channel(self.prefix, snapshot.gate),
                 snapshot_message(snapshot),
+                read_span(state.read),
                 *snapshot_fields(snapshot),
             ],
         )
         self._written[snapshot.gate] = snapshot.version
-        if not stored:
+        if stored == 2:
+            self.overlapping_rejections += 1
+        elif not stored:
             self.stale_rejections += 1
-        return bool(stored)
+        return stored == 1
 
     async def run(self, store: SnapshotStore) -> None:
         """Keep Redis in step with the store until cancelled."""

@@ -183,4 +183,5 @@ class _Live(Collector):
             writes.add_metric(["ok"], publisher.writes)
             writes.add_metric(["failed"], publisher.failures)
             writes.add_metric(["stale"], publisher.stale_rejections)
+            writes.add_metric(["overlapping"], publisher.overlapping_rejections)
             yield writes

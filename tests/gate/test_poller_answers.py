@@ -162,3 +162,31 @@ def test_the_brokers_answer_a_group_on_two_topics_in_the_order_asked(kafka: Kafk
     assert poller.poll().committed[group] == {
         (first, 0): 1, (first, 2): 3, (second, 0): 4, (second, 1): 6
     }  # fmt: skip
+
+
+class SlowMetadata(ScriptedAdmin):
+    """Takes ``delay`` seconds to answer the metadata request a poll starts with."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__({"t": 1})
+        self.delay = delay
+
+    def list_topics(self, timeout: float | None = None) -> Any:
+        time.sleep(self.delay)
+        return super().list_topics(timeout)
+
+
+def test_a_poll_says_when_it_asked_for_the_offsets_after_refreshing_metadata() -> None:
+    """The snapshot's version comes from when the offsets were asked for, not from the poll's
+    start: a replica slow to refresh its metadata reads later than another that started after
+    it, and must not lose to that replica's older read."""
+    admin = SlowMetadata(0.3)
+    admin.ends = {("t", 0): 10}
+    admin.committed = {"g": {("t", 0): 4}}
+    poller = OffsetPoller(
+        {"bootstrap.servers": "scripted:9092"}, {"g": ["t"]}, admin=cast(AdminClient, admin)
+    )
+    poll = poller.poll()
+    assert poll.committed == {"g": {("t", 0): 4}}
+    assert poll.asked_at is not None
+    assert poll.started_at + 0.3 <= poll.asked_at <= poll.finished_at

@@ -1,13 +1,19 @@
-"""The Redis hash layout round-trips and rejects malformed contents."""
+"""The Redis hash layout round-trips and rejects malformed contents; replicas writing it at
+once never move a watermark back."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate import Snapshot, SnapshotError, snapshot_from_hash
-from gate.publish._redis import snapshot_fields
+from gate import GateEvaluator, GateState, PollResult, Snapshot, SnapshotError, snapshot_from_hash
+from gate.publish._publish import RedisPublisher
+from gate.publish._redis import read_key, snapshot_fields, watermarks_key
+from tests.support import unique
 
 snapshots = st.builds(
     Snapshot,
@@ -56,3 +62,56 @@ def test_empty_hash_means_never_published() -> None:
 def test_malformed_hashes_raise_snapshot_error(fields, message: str) -> None:
     with pytest.raises(SnapshotError, match=message):
         snapshot_from_hash(fields)
+
+
+def replica_state(asked: float, answered: float, watermark: int | None, *, gate: str) -> GateState:
+    """The state a replica evaluates from a read of the group's offsets between ``asked``
+    and ``answered``."""
+    committed = {} if watermark is None else {"g": {("t", 0): watermark}}
+    poll = PollResult(
+        started_at=asked - 0.05,
+        finished_at=answered + 0.01,
+        partition_counts={"t": 1},
+        end_offsets={("t", 0): 100},
+        committed=committed,
+        asked_at=asked,
+        answered_at=answered,
+    )
+    return GateEvaluator(gate, ["t"], ["g"]).observe(poll)
+
+
+def test_replicas_reading_at_once_never_move_a_watermark_back_in_redis(redis_url: str) -> None:
+    """Redis refuses a snapshot whose read overlapped the stored one's when it would move a
+    watermark back (either read may have seen the newer offsets), and takes one whose read
+    began after the stored one's ended (a dependency really rewound); forward it always goes."""
+    gate = unique("gate")
+    prefix = unique("p")
+    key = watermarks_key(prefix, gate)
+    client = redis.Redis.from_url(redis_url)
+
+    def stored() -> int | None:
+        snapshot = snapshot_from_hash(client.hgetall(key))
+        assert snapshot is not None
+        return snapshot.watermark("t", 0)
+
+    async def scenario() -> list[bool]:
+        publisher = RedisPublisher(redis_url, prefix=prefix)
+        try:
+            return [
+                await publisher.write(replica_state(10.0, 10.2, 37, gate=gate)),
+                # Began (10.1) before the stored read ended (10.2): older offsets refused.
+                await publisher.write(replica_state(10.1, 10.15, 36, gate=gate)),
+                await publisher.write(replica_state(10.12, 10.18, None, gate=gate)),
+                # Overlapping but forward: taken.
+                await publisher.write(replica_state(10.19, 10.25, 38, gate=gate)),
+                # Began after the stored read (10.25) ended: a rewind, taken.
+                await publisher.write(replica_state(10.3, 10.31, 20, gate=gate)),
+            ]
+        finally:
+            assert publisher.overlapping_rejections == 2 and publisher.stale_rejections == 0
+            await publisher.close()
+
+    written = asyncio.run(scenario())
+    assert written == [True, False, False, True, True]
+    assert stored() == 20
+    assert client.get(read_key(prefix, gate)) == b"10300 10310"

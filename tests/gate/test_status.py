@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -248,6 +249,18 @@ def test_changed_flag_tracks_watermark_changes_only() -> None:
     assert not ev.observe(poll(2.0, committed)).changed  # b still at 1
     committed["b"] = {0: 3, 1: 1, 2: 1}
     assert ev.observe(poll(3.0, committed)).changed
+
+
+def test_of_two_replicas_the_one_that_read_later_has_the_higher_version() -> None:
+    """Replica A starts its poll first but refreshes metadata before asking for the offsets;
+    B starts later and asks at once, so A read the newer offsets: A's snapshot must win in
+    Redis (the higher version), though its poll started first."""
+    a, b = GateEvaluator("a", ["t"], ["g"]), GateEvaluator("a", ["t"], ["g"])
+    first = dataclasses.replace(poll(10.0, {"g": {0: 37}}, partitions=1), asked_at=10.3)
+    second = dataclasses.replace(poll(10.1, {"g": {0: 36}}, partitions=1), asked_at=10.15)
+    newer, older = a.observe(first), b.observe(second)
+    assert newer.version == 10_300 and older.version == 10_150
+    assert newer.snapshot.polled_at == 10.0  # the poll's start stays its time
 
 
 @given(st.lists(st.floats(0, 4e9, allow_nan=False), min_size=1, max_size=30), st.integers(0, 2**45))
