@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gate.evaluate._asked import WANTED_AT_MOST, TimesAsked
 from gate.evaluate._group import GroupResult, StatusPolicy, Track, evaluate_group
 from gate.evaluate._lag import EndHistory
 from gate.evaluate._state import (
@@ -59,22 +60,6 @@ SHIFT_TOLERANCE = 0.01
 """Seconds the offset between the wall and monotonic clocks may drift from the one used so
 far before it is taken anew (and everything evaluated afresh): times handed out are on the
 poll's wall clock to within this."""
-WANTED_AT_MOST = 64
-"""Records whose timestamps are read at most per poll, over all gates."""
-WANTED_PER_PARTITION = 8
-"""Records whose timestamps a gate asks for at once per partition, at most."""
-ASK_AGAIN_AFTER = 60.0
-"""Seconds after which a record whose timestamp was asked for but not answered (the read
-failed or timed out) is asked for again."""
-OLDEST_TIMESTAMP = 1e9
-"""Record timestamps before this (September 2001, in seconds since the epoch) are taken as
-unset: a producer's 0 or a clock that was never set."""
-MAX_TRIED = 4096
-"""Records remembered as asked for per partition, at most (the lowest offsets go first)."""
-PRUNE_TRIED_AT = 256
-"""Records remembered as asked for on a partition beyond which those below the lowest offset
-that counts there are forgotten."""
-_NEVER = float("inf")
 
 
 class _Seen(NamedTuple):
@@ -120,9 +105,8 @@ class GateEvaluator:
     """The cluster's consumer groups, as last listed (for suggesting close names)."""
     _now: float = field(default=0.0, repr=False)
     """When the last poll evaluated started, on the clock of the histories."""
-    _tried: dict[Partition, dict[int, float]] = field(default_factory=dict, repr=False)
-    """Per partition, the offsets whose records' timestamps were asked for, and when they may
-    be asked for again (never, once answered)."""
+    _asked: TimesAsked = field(default_factory=TimesAsked, repr=False)
+    """The records whose timestamps were asked for."""
     _reevaluated: dict[str, GroupResult] = field(default_factory=dict, repr=False)
     """The groups the last poll evaluated again (the others have no lag)."""
 
@@ -150,7 +134,7 @@ class GateEvaluator:
                 continue
             resets.append(LogReset(tp[0], tp[1], before, after))
             del self._ends[tp]
-            self._tried.pop(tp, None)
+            self._asked.tried.pop(tp, None)
             self._marks.pop(tp, None)
             for tracks in self._tracks.values():
                 tracks.pop(tp, None)
@@ -360,106 +344,19 @@ class GateEvaluator:
         return state
 
     def wanted_times(self, limit: int = WANTED_AT_MOST) -> list[RecordAt]:
-        """The records whose timestamps would make ages of the last state exact: per
-        partition, the watermark and the groups' committed offsets whose ages are not exact
-        and that are older than the gate's history (below the first end offset it saw), the
-        oldest first, at most ``WANTED_PER_PARTITION`` of them, and ``limit`` in all. Each is
-        handed out once (again after ``ASK_AGAIN_AFTER`` seconds when :meth:`seed` got no
-        answer for it). Once every watermark is within the history, nothing is wanted and
-        this costs a look at each partition; before, a look at the positions of the groups
-        the last poll evaluated (those with lag: only they can have records older than the
-        history left to process)."""
-        state = self._last
-        if state is None:
+        """The records whose timestamps would make ages of the last state exact (see
+        :meth:`gate.evaluate._asked.TimesAsked.wanted`), ``limit`` at most."""
+        if self._last is None:
             return []
-        firsts = self._before_history(state)
-        if not firsts:
-            return []
-        lowest, offsets = self._inexact_offsets(state, firsts)
-        wanted: list[RecordAt] = []
-        for tp in firsts:
-            room = min(WANTED_PER_PARTITION, limit - len(wanted))
-            if room <= 0:
-                break
-            asked = self._to_ask(tp, lowest[tp], sorted(offsets[tp]))[:room]
-            self._note_asked(tp, asked)
-            wanted.extend((tp[0], tp[1], offset) for offset in asked)
-        return wanted
-
-    def _before_history(self, state: GateState) -> dict[Partition, int]:
-        """The partitions whose watermark is below the first end offset their history saw
-        (or has none), with that end; the others forget what was asked there."""
-        firsts: dict[Partition, int] = {}
-        for tp, part in state.partitions.items():
-            history = self._ends.get(tp)
-            watermark = part.watermark
-            if history is None or (watermark is not None and watermark >= history.ends[0]):
-                self._tried.pop(tp, None)  # every offset that counts is within the history
-            else:
-                firsts[tp] = history.ends[0]
-        return firsts
-
-    def _inexact_offsets(
-        self, state: GateState, firsts: Mapping[Partition, int]
-    ) -> tuple[dict[Partition, int | None], dict[Partition, set[int]]]:
-        """Per partition of ``firsts``: the lowest offset below its first end that counts
-        (the watermark, or a group's committed offset; None: none), and the offsets below it
-        whose ages are not exact."""
-        lowest: dict[Partition, int | None] = {}
-        found: dict[Partition, set[int]] = {}
-        for tp in firsts:
-            part = state.partitions[tp]
-            lowest[tp] = watermark = part.watermark
-            found[tp] = {watermark} if watermark is not None and not part.waiting_exact else set()
-        for result in self._reevaluated.values():
-            for tp, position in result.positions.items():
-                first = firsts.get(tp)
-                committed = position[0]
-                if first is None or committed is None or committed >= first:
-                    continue
-                below = lowest[tp]
-                if below is None or committed < below:
-                    lowest[tp] = committed
-                if not position[5]:
-                    found[tp].add(committed)
-        return lowest, found
-
-    def _to_ask(self, tp: Partition, lowest: int | None, offsets: list[int]) -> list[int]:
-        """Those of ``offsets`` not asked for yet on ``tp``, or whose asking is due again;
-        when many were asked, those below ``lowest`` are forgotten."""
-        tried = self._tried.setdefault(tp, {})
-        if len(tried) > PRUNE_TRIED_AT:
-            kept = sorted(o for o in tried if lowest is None or o >= lowest)[-MAX_TRIED:]
-            tried = self._tried[tp] = {offset: tried[offset] for offset in kept}
-        now = self._now
-        return [offset for offset in offsets if tried.get(offset, now) <= now]
-
-    def _note_asked(self, tp: Partition, offsets: list[int]) -> None:
-        tried = self._tried[tp]
-        for offset in offsets:
-            tried[offset] = self._now + ASK_AGAIN_AFTER
+        return self._asked.wanted(self._last, self._ends, self._reevaluated, self._now, limit)
 
     def seed(self, times: Mapping[RecordAt, float | None]) -> int:
-        """Take in the timestamps read for records (seconds since the epoch, on the clock of
-        the broker or the producer; None: the record is gone, or has none): each places its
-        record in its partition's history (see :meth:`gate.evaluate._lag.EndHistory.seed`), and the
-        next state's ages there are exact. Records on other partitions are left alone. A
-        record answered is never asked for again, whether its time was taken or not.
+        """Take in the timestamps read for records (see
+        :meth:`gate.evaluate._asked.TimesAsked.seed`); the next state's ages there are exact.
         Returns how many were taken."""
-        seen = self._seen
-        if seen is None:
+        if self._seen is None:
             return 0
-        taken = 0
-        for (topic, partition, offset), timestamp in times.items():
-            tp = (topic, partition)
-            history = self._ends.get(tp)
-            if history is None:
-                continue
-            self._tried.setdefault(tp, {})[offset] = _NEVER
-            if timestamp is not None and timestamp >= OLDEST_TIMESTAMP:
-                # On the histories' clock: the poll's wall clock less its offset to it.
-                taken += history.seed(offset, timestamp - seen.shift)
-        return taken
+        return self._asked.seed(times, self._ends, self._seen.shift)
 
     def _hint(self, group: str) -> str | None:
         """A group on the cluster whose name is close to ``group`` (a misspelt dependency),

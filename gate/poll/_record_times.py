@@ -26,8 +26,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from gate.evaluate._asked import WANTED_AT_MOST
 from gate.evaluate._state import RecordAt
-from gate.evaluate._status import WANTED_AT_MOST
 from gate.evaluate._watermark import Partition
 from gate.poll._kafkalog import KafkaLog, describe_kafka_error
 

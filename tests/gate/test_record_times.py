@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate import GateEvaluator, PollResult
+from gate.evaluate._asked import ASK_AGAIN_AFTER, WANTED_PER_PARTITION
 from gate.evaluate._lag import EXACT_GAP, MAX_SEEDS, EndHistory
 from gate.evaluate._state import RecordAt
-from gate.evaluate._status import ASK_AGAIN_AFTER, WANTED_PER_PARTITION
 from gate.poll._isolated import IsolatedPoller
 from gate.poll._poller import OffsetPoller
 from gate.poll._record_times import (
@@ -292,7 +292,7 @@ def test_nothing_is_wanted_once_the_watermarks_are_within_the_history() -> None:
     ev.wanted_times()
     ev.observe(poll(1001.0, {"b": {0: 50}}, {0: 60}))
     assert ev.wanted_times() == []
-    assert ev._tried == {}  # nothing kept for it either
+    assert ev._asked.tried == {}  # nothing kept for it either
 
 
 class Reads:
