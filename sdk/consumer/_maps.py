@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -202,8 +203,12 @@ def broker_keeps_metadata(
     new_consumer: Callable[[dict[str, Any]], Consumer],
 ) -> bool | None:
     """Commit a marker with metadata under a throw-away group and read it back (None when
-    Kafka did not answer in time: unknown)."""
-    probe_group = f"{group}.offset-map-probe"
+    Kafka did not answer in time, or the marker's commit was not found: unknown).
+
+    The group is this probe's own: members of one group starting together probe at once,
+    and one's clean-up (deleting the group) must not empty another's group before it reads
+    its marker back (which would read as metadata dropped, and turn offset maps off)."""
+    probe_group = f"{group}.offset-map-probe.{uuid.uuid4().hex[:12]}"
     probe_config = {k: v for k, v in config.items() if k not in ("on_commit", "logger")}
     probe_config.update({"group.id": probe_group, "logger": KafkaLog("sdk.kafka.probe")})
     probe = new_consumer(probe_config)
@@ -220,7 +225,14 @@ def broker_keeps_metadata(
         tp = TopicPartition(topic, 0, 0, metadata="offset-map-probe")
         probe.commit(offsets=[tp], asynchronous=False)
         found = probe.committed([TopicPartition(topic, 0)], timeout=10)
-        kept = bool(found) and found[0].metadata == "offset-map-probe"
+        if found and found[0].offset == 0 and not found[0].error:
+            kept: bool | None = found[0].metadata == "offset-map-probe"
+        else:
+            log.warning(
+                "probing commit metadata support: the probe's commit was not found (%s)",
+                found[0] if found else "nothing read back",
+            )
+            kept = None
     except KafkaException as exc:
         log.warning("could not probe commit metadata support (%s): assuming it is dropped", exc)
         kept = False
