@@ -15,7 +15,12 @@ from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, NamedTuple
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from gate.evaluate._state import PollResult, RecordAt
@@ -57,6 +62,7 @@ class OffsetPoller:
         self._requests_for: dict[str, int] | None = None
         self._rebuild_after = 3 * request_timeout if rebuild_after is None else rebuild_after
         self._groups_failing_since: float | None = None
+        self._timing_out: dict[str, float] = {}  # groups whose reads time out, since when
         self._answered = False  # whether the last read the cluster was asked was answered
         self.rebuilds = 0
         self._idle_interval = idle_interval
@@ -74,22 +80,28 @@ class OffsetPoller:
 
     def _note_group_reads(self, asked: int, failed: set[str], now: float) -> str | None:
         """After a broker restart librdkafka's admin client can keep timing out on group
-        requests for good (end offsets and metadata still answer): when every group read
-        asked has failed for ``rebuild_after`` seconds, start again with a new client
-        (returns what it did, for the poll's errors)."""
+        requests for good (end offsets and metadata still answer), on every group or on some
+        while the others answer: when every group read asked has failed for
+        ``rebuild_after`` seconds, or one group's reads have timed out for as long, start
+        again with a new client (returns what it did, for the poll's errors)."""
+        why = None
         if not asked or len(failed) < asked:
             self._groups_failing_since = None
-            return None
-        if self._groups_failing_since is None:
+        elif self._groups_failing_since is None:
             self._groups_failing_since = now
-            return None
-        failing = now - self._groups_failing_since
-        if failing < self._rebuild_after:
+        elif (failing := now - self._groups_failing_since) >= self._rebuild_after:
+            why = f"every group read failed for {failing:.0f}s"
+        if why is None and self._timing_out:
+            group, since = min(self._timing_out.items(), key=lambda item: item[1])
+            if now - since >= self._rebuild_after:
+                why = f"the reads of group {group} timed out for {now - since:.0f}s"
+        if why is None:
             return None
         self._admin = self._new_admin()
         self._groups_failing_since = None
+        self._timing_out.clear()
         self.rebuilds += 1
-        return f"admin client: every group read failed for {failing:.0f}s; started a new client"
+        return f"admin client: {why}; started a new client"
 
     @property
     def topics(self) -> list[str]:
@@ -273,7 +285,12 @@ class OffsetPoller:
                 failed_groups.add(group)
                 errors.append(f"group {group}: {describe_kafka_error(exc)}")
                 self._reads.pop(group, None)  # read again at the next poll
+                if timed_out(exc):
+                    self._timing_out.setdefault(group, started)
+                else:
+                    self._timing_out.pop(group, None)
                 continue
+            self._timing_out.pop(group, None)
             offsets = read_offsets(result.topic_partitions, self._asked[group], self._keys[group])
             committed[group] = offsets
             if self._idle_interval > 0:
@@ -382,3 +399,15 @@ class _Read(NamedTuple):
     """When that poll started (wall clock)."""
     ends: Mapping[Partition, int] | None
     """End offsets it is known to be at the end of (None: not known yet)."""
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether a request failed by timing out (librdkafka's error, or no answer in time)."""
+    if isinstance(exc, TimeoutError):  # (concurrent.futures.TimeoutError too)
+        return True
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(error, KafkaError) and error.code() in (
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError.REQUEST_TIMED_OUT,
+    )

@@ -190,3 +190,37 @@ def test_a_poll_says_when_it_asked_for_the_offsets_after_refreshing_metadata() -
     assert poll.committed == {"g": {("t", 0): 4}}
     assert poll.asked_at is not None
     assert poll.started_at + 0.3 <= poll.asked_at <= poll.finished_at
+
+
+def test_a_group_whose_reads_keep_timing_out_gets_a_new_client_while_others_answer() -> None:
+    """After a broker restart librdkafka's admin client can time out on one group's reads for
+    good while the others answer (a gate then serves its last snapshot for minutes): once a
+    group's reads have timed out for ``rebuild_after`` seconds, the poller starts a new
+    client, and says so."""
+    delays = {"answers": 0.0, "stuck": 1.5}
+    committed = {g: {("t", 0): 3, ("t", 1): 4} for g in delays}
+    admin = LateAdmin(delays)
+    admin.ends, admin.committed = {("t", 0): 10, ("t", 1): 10}, committed
+    mended = LateAdmin(dict.fromkeys(delays, 0.0))
+    mended.ends, mended.committed = admin.ends, committed
+    poller = OffsetPoller(
+        {"bootstrap.servers": "scripted:9092"},
+        {g: ["t"] for g in delays},
+        request_timeout=0.1,
+        rebuild_after=1.0,
+        admin=cast(AdminClient, admin),
+    )
+    poller._new_admin = lambda: cast(AdminClient, mended)  # type: ignore[method-assign]
+    errors: list[str] = []
+    for _ in range(3):
+        poll = poller.poll()
+        errors.extend(poll.errors)
+        assert "answers" in poll.committed
+        if poller.rebuilds:
+            break
+    assert poller.rebuilds == 1, errors
+    assert any("group stuck timed out" in e and "new client" in e for e in errors), errors
+    again = poller.poll()
+    assert again.committed["stuck"] == {("t", 0): 3, ("t", 1): 4} and not again.errors
+    for thread in admin.late:
+        thread.join(5)
