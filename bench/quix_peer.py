@@ -6,7 +6,9 @@ group and writes one output per input (its key and value) to ``output``, with th
 library's default settings but for the processing guarantee (and a 6 s session timeout, as
 every consumer of the benchmark has); ``sleep`` makes each record wait 5 ms first. It prints
 ``started`` once the application is built, then runs until it receives SIGTERM (the
-benchmark sends it once the run's commits and outputs are in), and exits.
+benchmark sends it once the run's commits and outputs are in), and exits. Its state
+directory is a temporary one, removed at the end (the library's default is ``state`` in the
+working directory).
 
 Usage: ``python bench/quix_peer.py BOOTSTRAP INPUT OUTPUT GROUP at-least-once|exactly-once
 noop|sleep``.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -24,7 +27,21 @@ from typing import Any
 def main(bootstrap: str, source: str, sink: str, group: str, guarantee: str, work: str) -> None:
     from quixstreams import Application
 
-    app = Application(
+    with tempfile.TemporaryDirectory(prefix="quix-state-") as state:
+        run(Application, bootstrap, source, sink, group, guarantee, work, state)
+
+
+def run(
+    application: Any,
+    bootstrap: str,
+    source: str,
+    sink: str,
+    group: str,
+    guarantee: str,
+    work: str,
+    state: str,
+) -> None:
+    app = application(
         broker_address=bootstrap,
         consumer_group=group,
         auto_offset_reset="earliest",
@@ -32,6 +49,7 @@ def main(bootstrap: str, source: str, sink: str, group: str, guarantee: str, wor
         consumer_extra_config={"session.timeout.ms": 6000},
         loglevel=logging.WARNING,
         auto_create_topics=False,
+        state_dir=state,
     )
     inputs = app.topic(source, key_deserializer="bytes", value_deserializer="bytes")
     outputs = app.topic(sink, key_serializer="bytes", value_serializer="bytes")
