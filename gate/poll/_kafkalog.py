@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 _THREAD = re.compile(r"^\[thrd:[^\]]*\]: ")
 _CONNECT = re.compile(
@@ -81,3 +81,15 @@ def describe_kafka_error(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
     return str(exc) or type(exc).__name__
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether a request failed by timing out (librdkafka's error, or no answer in time)."""
+    if isinstance(exc, TimeoutError):  # (concurrent.futures.TimeoutError too)
+        return True
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(error, KafkaError) and error.code() in (
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError.REQUEST_TIMED_OUT,
+    )

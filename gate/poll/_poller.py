@@ -15,17 +15,12 @@ from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, NamedTuple
 
-from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from gate.evaluate._state import PollResult, RecordAt
 from gate.evaluate._watermark import Partition
-from gate.poll._kafkalog import KafkaLog, describe_kafka_error
+from gate.poll._kafkalog import KafkaLog, describe_kafka_error, timed_out
 from gate.poll._record_times import RecordReader
 
 log = logging.getLogger("gate.poller")
@@ -399,15 +394,3 @@ class _Read(NamedTuple):
     """When that poll started (wall clock)."""
     ends: Mapping[Partition, int] | None
     """End offsets it is known to be at the end of (None: not known yet)."""
-
-
-def timed_out(exc: BaseException) -> bool:
-    """Whether a request failed by timing out (librdkafka's error, or no answer in time)."""
-    if isinstance(exc, TimeoutError):  # (concurrent.futures.TimeoutError too)
-        return True
-    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return isinstance(error, KafkaError) and error.code() in (
-        KafkaError._TIMED_OUT,
-        KafkaError._TIMED_OUT_QUEUE,
-        KafkaError.REQUEST_TIMED_OUT,
-    )
