@@ -144,6 +144,15 @@ class GateEvaluator:
                 self._ends.setdefault(tp, EndHistory()).observe(now, end)
         return resets
 
+    def _end_of(self, tp: Partition, end_offsets: Mapping[Partition, int]) -> int | None:
+        """``tp``'s end in a poll, else the last one read (ends only grow: a lower bound)."""
+        end = end_offsets.get(tp)
+        if end is None:
+            history = self._ends.get(tp)
+            if history is not None and history.ends:
+                return history.ends[-1]
+        return end
+
     def observe(self, poll: PollResult) -> GateState:
         """The gate's state after ``poll``.
 
@@ -168,7 +177,7 @@ class GateEvaluator:
             shift = seen.shift  # the clocks' offset jitters by microseconds between polls
         partitions, missing_topics, missing_partitions = self._partitions_of(poll)
         resets = self._reset_moved_logs(partitions, poll.end_offsets, now)
-        ends = {tp: poll.end_offsets.get(tp) for tp in partitions}
+        ends = {tp: self._end_of(tp, poll.end_offsets) for tp in partitions}
         fresh = (
             not self.incremental
             or seen is None

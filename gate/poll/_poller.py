@@ -249,11 +249,27 @@ class OffsetPoller:
         end_error: str | None = None
         for tp, future in end_futures.items():
             try:
-                end_offsets[(tp.topic, tp.partition)] = future.result(timeout=0).offset
-            except Exception as exc:  # lag is then unknown for that partition; watermarks are not
+                end = future.result(timeout=0).offset
+            except Exception as exc:  # the last end read stands in; watermarks are read anyway
                 end_error = end_error or f"end offsets: {describe_kafka_error(exc)}"
+                continue
+            if end < 0:  # no offset in the answer (OFFSET_INVALID, seen while a broker hung)
+                end_error = end_error or (
+                    f"end offsets: no end offset for {tp.topic}[{tp.partition}] in the answer"
+                )
+                continue
+            end_offsets[(tp.topic, tp.partition)] = end
         if end_error:
             errors.append(end_error)
+        # A partition whose end was never read: no gate on its topic can tell what waits there,
+        # so none is evaluated from this poll (once read, the last end read stands in).
+        read_before = self._last_ends
+        failed_topics.update(
+            tp.topic
+            for tp in self._end_request
+            if (tp.topic, tp.partition) not in end_offsets
+            and (tp.topic, tp.partition) not in read_before
+        )
         if end_offsets == self._ends:
             end_offsets = self._ends  # the same mapping: idle groups are still at the end
         else:

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from gate import Snapshot
@@ -92,7 +92,7 @@ class KafkaPlanner:
             dict(specs), isolation_level=self.settings.isolation, request_timeout=10
         )
         return {
-            (tp.topic, tp.partition): future.result(timeout=15).offset
+            (tp.topic, tp.partition): answered(tp, future.result(timeout=15).offset)
             for tp, future in futures.items()
         }
 
@@ -117,9 +117,8 @@ class KafkaPlanner:
         for futures in pending:
             offsets: Offsets = {}
             for tp, future in futures.items():
-                offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result(
-                    timeout=15
-                ).offset
+                offset = answered(tp, future.result(timeout=15).offset)
+                offsets.setdefault(tp.topic, {})[str(tp.partition)] = offset
             found.append(sorted_offsets(offsets))
         return found[0], found[1]
 
@@ -213,3 +212,22 @@ class KafkaPlanner:
         if self._gate is not None:
             self._gate.stop()
         self._gate = self._admin = None
+
+
+OFFSET_INVALID = -1001
+
+
+def answered(tp: TopicPartition, offset: int) -> int:
+    """An offset of a ListOffsets answer; librdkafka's "no offset" (-1001, seen while a
+    broker hung) raises, since planning with it would take the log for empty or moved back
+    (its partition read again from its start). A lookup by timestamp past the last record
+    answers -1 (the end), which stands."""
+    if offset == OFFSET_INVALID:
+        raise KafkaException(
+            KafkaError(
+                KafkaError._NO_OFFSET,
+                f"no offset for {tp.topic}[{tp.partition}] in the broker's answer",
+                retriable=True,
+            )
+        )
+    return offset

@@ -224,3 +224,29 @@ def test_a_group_whose_reads_keep_timing_out_gets_a_new_client_while_others_answ
     assert again.committed["stuck"] == {("t", 0): 3, ("t", 1): 4} and not again.errors
     for thread in admin.late:
         thread.join(5)
+
+
+def test_an_end_offset_missing_from_the_answer_is_an_error_not_an_empty_log() -> None:
+    """librdkafka can answer an end-offset read with no offset (OFFSET_INVALID, -1001: seen
+    while a broker hung). It is a failed read: never an end, which would read as a log with
+    nothing in it (every record released). A partition whose end was never read fails its
+    topic for that poll (no gate on it is evaluated from it); once read, it does not."""
+    admin = ScriptedAdmin({"t": 2})
+    admin.committed = {"g": {("t", 0): 4, ("t", 1): 4}}
+    admin.ends = {("t", 0): 10, ("t", 1): -1001}
+    poller = OffsetPoller(
+        {"bootstrap.servers": "scripted:9092"}, {"g": ["t"]}, admin=cast(AdminClient, admin)
+    )
+    first = poller.poll()
+    assert first.end_offsets == {("t", 0): 10}
+    assert first.failed_topics == {"t"}
+    assert any("no end offset for t[1]" in error for error in first.errors), first.errors
+    assert first.committed["g"] == {("t", 0): 4, ("t", 1): 4}  # watermarks are read all the same
+
+    admin.ends[("t", 1)] = 20
+    assert poller.poll().end_offsets == {("t", 0): 10, ("t", 1): 20}
+    admin.ends[("t", 1)] = -1001
+    later = poller.poll()
+    assert later.end_offsets == {("t", 0): 10}
+    assert not later.failed_topics  # the last end read stands in (the evaluator's)
+    assert any("no end offset for t[1]" in error for error in later.errors), later.errors

@@ -156,6 +156,24 @@ def test_the_verdict_tells_a_flow_from_a_stall() -> None:
     assert released.verdict is not None and released.verdict.state == "released"
 
 
+def test_an_end_offset_a_poll_could_not_read_is_the_last_one_read() -> None:
+    """A poll that read the groups but not a partition's end (the broker hung): what waits
+    there is at least what waited at the last end read (a log's end only grows), never
+    nothing: the gate is not said to have released every record."""
+    ev = evaluator()
+    for second in range(5):
+        flowing = ev.observe(poll(float(second), {"b": {0: 5}, "c": {0: 6}}, {0: 20}, 1))
+    assert flowing.verdict is not None and flowing.verdict.state == "flowing"
+    unread = ev.observe(poll(5.0, {"b": {0: 5}, "c": {0: 6}}, {}, 1))
+    assert unread.verdict is not None and unread.verdict.state == "flowing"
+    assert unread.verdict.records_waiting == 15
+    assert unread.partitions[("t", 0)].end_offset == 20
+    moved = ev.observe(poll(6.0, {"b": {0: 20}, "c": {0: 20}}, {}, 1))
+    assert moved.verdict is not None and moved.verdict.state == "released"
+    grown = ev.observe(poll(7.0, {"b": {0: 20}, "c": {0: 20}}, {0: 30}, 1))
+    assert grown.verdict is not None and grown.verdict.records_waiting == 10
+
+
 def test_a_verdict_older_than_the_readiness_limit_is_unknown() -> None:
     """No poll has succeeded for longer than the service's readiness limit: the status no
     longer says "flowing" (the last snapshot's news is old); it says it does not know, and

@@ -301,3 +301,58 @@ def test_a_kept_consumer_reads_its_topic_again_once_recreated(kafka: Kafka) -> N
     recreate(kafka, topic, 10)
     time.sleep(3)  # the kept consumer fetches at 30 from the new log meanwhile: out of range
     assert read(0, 10) == list(range(10))
+
+
+class NoOffsets:
+    """An admin client whose next ``answers`` ListOffsets answers give librdkafka's "no
+    offset" (-1001) for partition 0, as seen while a broker hung."""
+
+    def __init__(self, admin: object, answers: int) -> None:
+        self.admin, self.answers = admin, answers
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.admin, name)
+
+    def list_offsets(self, request: dict, **kwargs: object) -> dict:  # type: ignore[type-arg]
+        futures = self.admin.list_offsets(request, **kwargs)  # type: ignore[attr-defined]
+        if self.answers <= 0:
+            return futures
+        self.answers -= 1
+        return {
+            tp: NoOffsetFor(future) if tp.partition == 0 else future
+            for tp, future in futures.items()
+        }
+
+
+class NoOffsetFor:
+    def __init__(self, future: object) -> None:
+        self.future = future
+
+    def result(self, timeout: float | None = None) -> object:
+        answer = self.future.result(timeout)  # type: ignore[attr-defined]
+        answer.offset = -1001
+        return answer
+
+
+def test_an_offset_missing_from_the_brokers_answer_never_moves_the_query_back(
+    kafka: Kafka,
+) -> None:
+    """A ListOffsets answer without an offset is a failed read: never a log end below the
+    query's position (which reads as data loss, or moves the partition back to its start
+    and reads it again). Planning fails saying so, and the next plan goes on from where the
+    query is."""
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 10})
+    source = stream_planner(kafka, topic, **{"gate.enabled": "false"})
+    try:
+        start = source.initialOffset()
+        end = source.latestOffset(start, ReadAllAvailable())
+        assert end == {topic: {"0": 10}}
+        # (Two requests per planning, earliest and latest offsets; and the retry's two.)
+        source._admin = NoOffsets(source._admin_client(), answers=4)
+        with pytest.raises(Exception, match=rf"no offset for {topic}\[0\]"):
+            source.latestOffset(end, ReadAllAvailable())
+        kafka.produce(topic, {0: 2})
+        assert source.latestOffset(end, ReadAllAvailable()) == {topic: {"0": 12}}
+    finally:
+        source.stop()
