@@ -41,12 +41,18 @@ def snippets() -> list[tuple[str, str]]:
     return found
 
 
+DEMO_RATE = 10
+"""Records per second the demo produces here (its default is 50): the Spark snippets read
+everything released, and over the minutes this module runs the default piles up tens of
+thousands of records that a loaded machine reads for minutes, to the same outcome."""
+
+
 @pytest.fixture(scope="module")
 def demo() -> Iterator[dict[str, str]]:
     command = [
         sys.executable, "-u", "-m", "gate.cli", "demo", "--no-live",
         "--port", str(free_port()), "--kafka-port", str(free_port()),
-        "--redis-port", str(free_port()),
+        "--redis-port", str(free_port()), "--rate", str(DEMO_RATE),
     ]  # fmt: skip
     process = subprocess.Popen(
         command,
