@@ -109,6 +109,18 @@ class Worker:
         text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
         return "\n".join(text[-lines:])
 
+    def lost(self, topic: str) -> set[int]:
+        """The partitions of ``topic`` it logged as lost (its group session timed out: no
+        commit was possible, and their records are processed again)."""
+        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        pattern = re.compile(rf"{re.escape(topic)}\[(\d+)\]")
+        return {
+            int(partition)
+            for line in lines
+            if "WARNING lost " in line
+            for partition in pattern.findall(line)
+        }
+
 
 class CommitWatcher(threading.Thread):
     """Reads a group's commits over and over, and keeps every input offset a committed
@@ -412,6 +424,7 @@ class Pipeline:
         counts = self.check_copies(copies)
         order = {worker.pid: i for i, worker in enumerate(self.runs)}
         killed = {kill.run: kill.committed for kill in self.kills}
+        lost = {worker.pid: worker.lost(self.source) for worker in self.runs}
         by_source: dict[tuple[int, int], list[int]] = defaultdict(list)
         for copy in copies:
             if counts[copy.source] > 1:
@@ -420,6 +433,10 @@ class Pipeline:
         for (partition, offset), runs in sorted(by_source.items()):
             runs.sort(key=order.__getitem__)
             for earlier, later in itertools.pairwise(runs):
+                # Written twice by one run: it lost the partition in between (at least once
+                # promises no more after a lost session).
+                if earlier == later and partition in lost[earlier]:
+                    continue
                 # A copy written again by a later run: the earlier run was killed before it
                 # committed past the input.
                 commit = killed.get(earlier)
@@ -434,6 +451,7 @@ class Pipeline:
             "outputs": len(copies),
             "duplicates": sum(n - 1 for n in counts.values()),
             "inputs_duplicated": len(by_source),
+            "partitions_lost": sum(len(partitions) for partitions in lost.values()),
         }
 
     def figures(self, **extra: Any) -> dict[str, Any]:
