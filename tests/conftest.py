@@ -112,6 +112,7 @@ class GroupScheduling(LoadScopeScheduling):
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupScheduling | None:
     if config.getvalue("dist") != "loadgroup":
         return None
+    config.option.loadscopereorder = False  # (its default hands out the most tests first)
     return GroupScheduling(config, log)
 
 
