@@ -116,7 +116,15 @@ def test_the_spark_example_stops_cleanly_on_a_signal_to_its_process_group(
     for reader in readers:
         reader.start()
     try:
-        wait_until(lambda: any(BATCH.match(line) for line in out), timeout=400, what="a batch")
+        try:
+            wait_until(
+                lambda: process.poll() is not None or any(BATCH.match(line) for line in out),
+                timeout=400,
+                what="a batch",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; it said:\n{''.join(err)[-3000:]}") from None
+        assert process.poll() is None, f"it exited {process.returncode}:\n{''.join(err)[-3000:]}"
         before = len(err)
         os.killpg(process.pid, signum)
         code = process.wait(120)
