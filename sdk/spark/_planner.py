@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from gate import Snapshot
@@ -212,9 +212,6 @@ class KafkaPlanner:
         if self._gate is not None:
             self._gate.stop()
         self._gate = self._admin = None
-
-
-OFFSET_INVALID = -1001
 
 
 def answered(tp: TopicPartition, offset: int) -> int:

@@ -100,26 +100,16 @@ class Worker:
     def pid(self) -> int:
         return self.process.pid
 
+    def lines(self) -> list[str]:
+        """Its log, line by line (nothing before it wrote any)."""
+        return self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+
     def logged(self, text: str) -> int:
         """How many lines of its log hold ``text``."""
-        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
-        return sum(text in line for line in lines)
+        return sum(text in line for line in self.lines())
 
     def stderr(self, lines: int = 30) -> str:
-        text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
-        return "\n".join(text[-lines:])
-
-    def lost(self, topic: str) -> set[int]:
-        """The partitions of ``topic`` it logged as lost (its group session timed out: no
-        commit was possible, and their records are processed again)."""
-        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
-        pattern = re.compile(rf"{re.escape(topic)}\[(\d+)\]")
-        return {
-            int(partition)
-            for line in lines
-            if "WARNING lost " in line
-            for partition in pattern.findall(line)
-        }
+        return "\n".join(self.lines()[-lines:])
 
 
 class CommitWatcher(threading.Thread):
@@ -382,9 +372,7 @@ class Pipeline:
         """The partitions each run (by pid) reported its assignment of lost."""
         found: dict[int, set[int]] = defaultdict(set)
         for worker in self.runs:
-            if not worker.log.exists():
-                continue
-            for line in worker.log.read_text(errors="replace").splitlines():
+            for line in worker.lines():
                 if " WARNING lost " in line:
                     found[worker.pid].update(
                         int(p) for p in re.findall(rf"{re.escape(self.source)}\[(\d+)\]", line)
@@ -428,7 +416,7 @@ class Pipeline:
         counts = self.check_copies(copies)
         order = {worker.pid: i for i, worker in enumerate(self.runs)}
         killed = {kill.run: kill.committed for kill in self.kills}
-        lost = {worker.pid: worker.lost(self.source) for worker in self.runs}
+        lost = self.lost_partitions()
         by_source: dict[tuple[int, int], list[int]] = defaultdict(list)
         for copy in copies:
             if counts[copy.source] > 1:
