@@ -64,9 +64,12 @@ STALL_AFTER: Final = 1.0
 """Seconds without progress at its head after which a partition counts as stalled."""
 
 WINDOW_SHARES: Final = 16
-"""A partition pauses while its window (its offsets held, completed ones beyond its lowest
-incomplete one included) reaches this many shares of the buffer: completed offsets cost about
-50 bytes each, so a record that never completes cannot make memory grow without bound."""
+"""A partition pauses while its window (the offsets completed beyond its lowest incomplete
+one) reaches this many shares of the buffer: completed offsets cost about 50 bytes each, so a
+record that never completes cannot make memory grow without bound. Its incomplete records
+are not counted: the buffer bounds them already, and a partition whose records fill most of
+the buffer (a fetch returns one partition's records in bulk) must not pause for them: every
+pause throws away what librdkafka had prefetched."""
 
 CUT_AT: Final = 1024
 """The done prefix of the completion window is cut off once it is this long (and at least as
@@ -329,7 +332,7 @@ class PartitionState:
         when the buffer is full instead."""
         if pressure is not None:
             return pressure
-        if self.held >= WINDOW_SHARES * share:
+        if self.done_count >= WINDOW_SHARES * share:
             return "window full"
         incomplete = self.incomplete
         stalled = self.stalled(now)

@@ -307,6 +307,40 @@ def test_a_cancelled_record_in_the_shell_is_retried_and_its_commit_moves_on() ->
 # ---- 4: completed offsets behind a poison head are bounded --------------------------------
 
 
+def test_a_partition_that_fills_the_buffer_is_not_paused_for_its_window_while_it_flows() -> None:
+    """One partition's records fill the buffer (librdkafka hands a partition's fetched records
+    over in bulk) and its head's item runs longest while the rest complete. Its window counts
+    the offsets completed behind that head, not its incomplete records (the buffer bounds
+    those): it keeps fetching until the completed ones alone reach ``WINDOW_SHARES`` shares.
+    (A pause throws away what librdkafka had prefetched for it.)"""
+    from sdk.engine._partition import WINDOW_SHARES
+
+    shell = Shell(
+        Options(ordering=Ordering.KEY, max_buffered=64, max_item_records=1, commit_interval=60),
+        partitions=16,
+    )
+    shell.turn()
+    share = shell.engine.core.share()  # (the buffer over the 16 partitions assigned)
+    window = WINDOW_SHARES * share
+    shell.cluster.produce(0, [b"k%d" % i for i in range(4 * window)])
+    part = shell.engine.core.partitions[TP0]
+    crowded_and_flowing = False
+    for _ in range(400):
+        for item in shell.running():
+            if item.entries[0].offset != 0:  # the head's item runs on
+                shell.finish(item)
+        shell.turn(seconds=0.01)
+        paused = TP0 in shell.sim.paused
+        assert not paused or part.done_count >= window, (
+            f"paused with {part.done_count} completed behind its head and "
+            f"{part.incomplete} incomplete: its window is {window} completed offsets"
+        )
+        crowded_and_flowing |= not paused and part.held >= window
+    assert crowded_and_flowing, "the partition never held a window's worth while fetching"
+    assert TP0 in shell.sim.paused, "at its window's bound the partition pauses"
+    assert shell.engine.core.in_memory() <= 64
+
+
 @pytest.mark.parametrize("error", [RetriableError("no"), TerminalError("never")])
 def test_a_poison_head_holds_back_its_own_key_only_within_the_buffer_and_the_window(
     error: Exception,
