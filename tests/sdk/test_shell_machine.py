@@ -80,6 +80,7 @@ from hypothesis.stateful import (
 
 from gate.evaluate._watermark import Snapshot
 from sdk import CommitMode, Gate, Options, Ordering, Output, RetriableError, TerminalError
+from sdk.consumer._loop import _IDLE_COMMIT_GAP
 from sdk.consumer._transactions import TransactionError
 from sdk.engine._offsets import encode_offset_map, parse_base, read_offset_map
 from sdk.engine._partition import PAUSED, WINDOW_SHARES
@@ -233,6 +234,13 @@ class ShellMachine(RuleBasedStateMachine):
 
         engine._register = registered  # type: ignore[method-assign]
 
+    @staticmethod
+    def idle_commit_due(engine: SimEngine, at: float) -> bool:
+        """Whether the commit of a consumer that caught up falls due by ``at`` (a short wait
+        for it is no spin: see ``ConsumerLoop._commit_due``)."""
+        catching_up = engine._progressed and engine.options.commit_when_idle and engine._idle()
+        return catching_up and engine._commit_at + _IDLE_COMMIT_GAP <= at + 1e-9
+
     def turn(self) -> None:
         """One turn of the consumer's loop; its wait must not be a spin."""
         engine = self.engine
@@ -265,9 +273,9 @@ class ShellMachine(RuleBasedStateMachine):
             self.engine = None
             return
         self.wait = wait
-        if wait < 0.005:
+        now = self.clock.now
+        if wait < 0.005 and not self.idle_commit_due(engine, now + wait):
             due = engine.core.next_due()
-            now = self.clock.now
             assert due is not None and due <= now + wait + 1e-9, f"short wait {wait} for nothing"
             assert engine._free_slots() > 0 and not engine.core.paused_all, (
                 f"short wait {wait} for a record it cannot start"
@@ -848,7 +856,7 @@ class ShellMachine(RuleBasedStateMachine):
                 f"{'paused' if part.fetch == PAUSED else 'fetching'}"
             )
             crowded_out = core.in_memory() >= core.buffer_limit and part.stalled(now)
-            window_full = part.held >= WINDOW_SHARES * share
+            window_full = part.done_count >= WINDOW_SHARES * share
             if paused and not pressure and not crowded_out and not window_full:
                 assert part.incomplete > share // 2, (
                     f"{tp} is paused with room in its share ({part.incomplete} of {share})"
