@@ -350,6 +350,7 @@ class ParallelConsumer(ConsumerLoop):
         except KafkaException as exc:
             raise OptionsError(f"config: {exc.args[0].str() if exc.args else exc}") from None
         self._maps = self._committer.maps = self._rebalancer.maps = self._choose_maps()
+        self._open_outputs()
         if isinstance(self._committer, TransactionalCommitter):
             if not self._maps.in_metadata:
                 log.warning(
@@ -389,6 +390,20 @@ class ParallelConsumer(ConsumerLoop):
             self.options.max_concurrency,
             self._maps.kind,
         )
+
+    def _open_outputs(self) -> None:
+        """The producer of outputs opens with the consumer (exactly once, its transactions
+        begin next), not at the first output: librdkafka's idempotent producer sends nothing
+        until a timer (half a second, or a second) has asked for its producer id, which then
+        overlaps the group join instead of holding back the first outputs and the buffer
+        behind them. A handler that returns no outputs leaves it idle (a connection, no
+        records)."""
+        try:
+            self._outputs.producer  # noqa: B018 (opens it)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            text = error.str() if isinstance(error, KafkaError) else str(exc)
+            raise OptionsError(f"producer_config: {text}") from None
 
     def _close(self) -> None:
         consumer, self._consumer = self._consumer, None

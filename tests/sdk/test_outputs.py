@@ -1298,6 +1298,12 @@ def test_output_options_are_checked_with_a_clear_message() -> None:
     assert transactional.producer_config["linger.ms"] == 1
     at_least_once = ParallelConsumer({"group.id": "g"}, ["t"], print, registry=None)
     assert "linger.ms" not in at_least_once.producer_config
+    # The producer of outputs opens with the consumer: a property it refuses stops the start.
+    refused = ParallelConsumer(
+        {"group.id": "g"}, ["t"], print, producer_config={"linger.ms": "soon"}, registry=None
+    )
+    with pytest.raises(OptionsError, match="producer_config: Invalid value"):
+        refused.run()
     for mode in (CommitMode.CONSUMER, CommitMode.TRANSACTIONAL):
         given = ParallelConsumer(
             {"group.id": "g"},
