@@ -51,6 +51,9 @@ from sdk.produce._producer import Outputs
 
 log = logging.getLogger("sdk")
 
+_CONNECT_WAIT = 1.0
+"""Seconds the start waits for the producer of outputs to connect (see ``_open_outputs``)."""
+
 
 class ParallelConsumer(ConsumerLoop):
     """Process records with many handlers at once, in order per partition or key.
@@ -393,17 +396,22 @@ class ParallelConsumer(ConsumerLoop):
 
     def _open_outputs(self) -> None:
         """The producer of outputs opens with the consumer (exactly once, its transactions
-        begin next), not at the first output: librdkafka's idempotent producer sends nothing
-        until a timer (half a second, or a second) has asked for its producer id, which then
-        overlaps the group join instead of holding back the first outputs and the buffer
-        behind them. A handler that returns no outputs leaves it idle (a connection, no
-        records)."""
+        begin next), and connects at once, not at the first output: librdkafka's idempotent
+        producer sends nothing until a timer (after half a second) has found a broker up to
+        ask for its producer id, and outputs produced before then waited for the next one
+        (a second), holding back the buffer behind them. A handler that returns no outputs
+        leaves it idle (a connection, no records). An unreachable cluster delays the start
+        by a second at most: the producer connects once it can, as it would have."""
         try:
-            self._outputs.producer  # noqa: B018 (opens it)
+            producer = self._outputs.producer
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             text = error.str() if isinstance(error, KafkaError) else str(exc)
             raise OptionsError(f"producer_config: {text}") from None
+        try:
+            producer.list_topics(timeout=_CONNECT_WAIT)  # (brokers and topics: no topic made)
+        except KafkaException as exc:
+            log.debug("the producer of outputs is not connected yet: %s", str(exc))
 
     def _close(self) -> None:
         consumer, self._consumer = self._consumer, None

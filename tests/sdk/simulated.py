@@ -575,6 +575,7 @@ class SimOutputProducer:
         self.conflict_next = False
         self.knows_fenced = False
         self.calls: list[str] = []
+        self.connected = False
         self.late: list[Written] = []  # timed out in a transaction: may land in the next one
 
     def __len__(self) -> int:
@@ -684,6 +685,9 @@ class SimOutputProducer:
 
     def poll(self, timeout: float = 0) -> int:
         return 0  # (reports are served as the test delivers them)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
+        self.connected = True  # (the engine connects it when it opens: a metadata request)
 
     def flush(self, timeout: float = 0) -> int:
         down = self.transactions.down

@@ -308,13 +308,15 @@ def test_a_cancelled_record_in_the_shell_is_retried_and_its_commit_moves_on() ->
 
 
 def test_the_producer_of_outputs_opens_with_the_consumer() -> None:
-    """At least once too, the producer of outputs opens when the consumer does, not at the
-    first output: librdkafka's idempotent producer sends nothing until a timer has asked for
-    its producer id (half a second or a second), which then overlaps the group join instead
-    of holding back the first outputs and the buffer behind them."""
+    """At least once too, the producer of outputs opens and connects when the consumer does,
+    not at the first output: librdkafka's idempotent producer sends nothing until a timer
+    (after half a second) finds a broker up to ask for its producer id, and outputs produced
+    before then waited a second, holding back the buffer behind them."""
     shell = Shell(Options(commit_mode=CommitMode.CONSUMER))
-    assert shell.engine.output_producer is not None, "no producer until the first output"
-    assert shell.engine.output_producer.calls == [], "it produced before any output"
+    producer = shell.engine.output_producer
+    assert producer is not None, "no producer until the first output"
+    assert producer.connected, "it was not connected at once"
+    assert producer.calls == [], "it produced before any output"
 
 
 def test_a_partition_that_fills_the_buffer_is_not_paused_for_its_window_while_it_flows() -> None:
