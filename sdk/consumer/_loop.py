@@ -248,7 +248,7 @@ class ConsumerLoop(Inbox):
 
     def _rejoin_fenced(self, error: KafkaError) -> bool:
         """Whether a fatal error was met by a new consumer taking the failed one's place
-        (see :class:`~sdk.consumer._parallel.ParallelConsumer`)."""
+        (see :class:`~sdk.consumer._clients.Clients`)."""
         return False
 
     def _message_error(self, error: KafkaError) -> None:
