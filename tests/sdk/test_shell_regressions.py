@@ -307,18 +307,6 @@ def test_a_cancelled_record_in_the_shell_is_retried_and_its_commit_moves_on() ->
 # ---- 4: completed offsets behind a poison head are bounded --------------------------------
 
 
-def test_the_producer_of_outputs_opens_with_the_consumer() -> None:
-    """At least once too, the producer of outputs opens and connects when the consumer does,
-    not at the first output: librdkafka's idempotent producer sends nothing until a timer
-    (after half a second) finds a broker up to ask for its producer id, and outputs produced
-    before then waited a second, holding back the buffer behind them."""
-    shell = Shell(Options(commit_mode=CommitMode.CONSUMER))
-    producer = shell.engine.output_producer
-    assert producer is not None, "no producer until the first output"
-    assert producer.connected, "it was not connected at once"
-    assert producer.calls == [], "it produced before any output"
-
-
 def test_a_partition_that_fills_the_buffer_is_not_paused_for_its_window_while_it_flows() -> None:
     """One partition's records fill the buffer (librdkafka hands a partition's fetched records
     over in bulk) and its head's item runs longest while the rest complete. Its window counts
@@ -806,6 +794,18 @@ def test_a_wall_clock_set_back_does_not_delay_parked_retries() -> None:
 
 
 # ---- outputs: an input is done only when its outputs are -------------------------------
+
+
+def test_the_producer_of_outputs_opens_with_the_consumer() -> None:
+    """At least once too, the producer of outputs opens and connects when the consumer does,
+    not at the first output: librdkafka's idempotent producer sends nothing until a timer
+    (after half a second) finds a broker up to ask for its producer id, and outputs produced
+    before then waited a second, holding back the buffer behind them."""
+    shell = Shell(Options(commit_mode=CommitMode.CONSUMER))
+    producer = shell.engine.output_producer
+    assert producer is not None, "no producer until the first output"
+    assert producer.connected, "it was not connected at once"
+    assert producer.calls == [], "it produced before any output"
 
 
 def test_an_input_whose_output_was_not_delivered_is_not_committed_and_runs_again() -> None:
