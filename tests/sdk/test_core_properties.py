@@ -861,17 +861,29 @@ def test_a_fetch_over_restored_ranges_skips_the_records_completed_before(
     assert core.partitions[tp].committable() == 7
 
 
+def _topic_of(found: object) -> str | None:
+    """The topic of one of the engine's objects (None for anything else)."""
+    if isinstance(found, Item):
+        return _topic_of(found.entries[0]) if found.entries else TOPIC
+    if isinstance(found, Entry | Shard):
+        found = found.part
+    return found.tp[0] if isinstance(found, PartitionState) else None
+
+
 @contextlib.contextmanager
 def no_cycles_left() -> Iterator[None]:
     """The body runs with the collector off; then the collector must find none of the
-    engine's objects in reference cycles (reference counting freed them all)."""
+    engine's objects of ``TOPIC`` in reference cycles (reference counting freed them all).
+    (The collector is off for the whole process: in a run of the whole suite, an engine of an
+    earlier test still closing on a thread of its own may leave garbage meanwhile, of its
+    own topic.)"""
     gc.collect()
     gc.disable()
     try:
         yield
         gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds stays in gc.garbage
         gc.collect()
-        ours = [o for o in gc.garbage if isinstance(o, Entry | Item | Shard | PartitionState)]
+        ours = [o for o in gc.garbage if _topic_of(o) == TOPIC]
         assert not ours, f"{len(ours)} of the engine's objects were left in reference cycles"
     finally:
         gc.set_debug(0)
