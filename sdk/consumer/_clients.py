@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from prometheus_client import CollectorRegistry
 
 from gate import KafkaLog
+from sdk.consumer._fencing import error_text
 from sdk.consumer._loop import ConsumerLoop
 from sdk.consumer._maps import OffsetMaps, choose_store
 from sdk.consumer._runners import (
@@ -136,7 +137,7 @@ class Clients(ConsumerLoop):
         try:
             self._consumer = self._new_consumer(config)
         except KafkaException as exc:
-            raise OptionsError(f"config: {exc.args[0].str() if exc.args else exc}") from None
+            raise OptionsError(f"config: {error_text(exc)}") from None
         self._maps = self._committer.maps = self._rebalancer.maps = self._choose_maps()
         self._open_outputs()
         if isinstance(self._committer, TransactionalCommitter):
@@ -190,9 +191,7 @@ class Clients(ConsumerLoop):
         try:
             producer = self._outputs.producer
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            text = error.str() if isinstance(error, KafkaError) else str(exc)
-            raise OptionsError(f"producer_config: {text}") from None
+            raise OptionsError(f"producer_config: {error_text(exc)}") from None
         try:
             producer.list_topics(timeout=_CONNECT_WAIT)  # (brokers and topics: no topic made)
         except KafkaException as exc:

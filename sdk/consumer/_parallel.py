@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaException
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from sdk.consumer import _collector
@@ -26,12 +26,11 @@ from sdk.consumer._clients import Clients
 from sdk.consumer._commits import Committer
 from sdk.consumer._config import consumer_config, failure_policy, output_config
 from sdk.consumer._errors import EngineError
+from sdk.consumer._fencing import error_text
 from sdk.consumer._holds import Holds
 from sdk.consumer._maps import OffsetMaps
 from sdk.consumer._rebalance import Rebalancer
-from sdk.consumer._runners import (
-    Runner,
-)
+from sdk.consumer._runners import Runner
 from sdk.consumer._signals import stop_while_running
 from sdk.consumer._transactions import TransactionalCommitter
 from sdk.engine._core import WorkCore
@@ -173,9 +172,7 @@ class ParallelConsumer(Clients):
             self._open()
             self._loop()
         except KafkaException as exc:  # a client's fatal error, raised by one of its calls
-            error = exc.args[0] if exc.args else None
-            text = error.str() if isinstance(error, KafkaError) else str(exc)
-            self._error = EngineError(f"a Kafka client failed for good: {text}")
+            self._error = EngineError(f"a Kafka client failed for good: {error_text(exc)}")
             raise self._error from None
         except BaseException as exc:
             self._error = exc
