@@ -10,13 +10,16 @@
     Service A on the engine (KEY ordering, batch handler, gated through Redis then the gate's
     HTTP API); logs ``start <wall time> <partition> <offset> <pid> <record timestamp>`` when a
     batch begins, for every record in it, and ``commit <wall time> <partition> <offset> <pid>`` after each
-    commit. SIGTERM stops it gracefully.
+    commit. SIGTERM stops it gracefully. Its own log lines (stderr) carry the time and its pid;
+    SIGUSR1 writes the stacks of its threads to ``LOG.stack-<pid>`` (a stall report reads them).
 
 Every line is flushed at once, so a kill -9 loses nothing already logged.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import logging
 import os
 import random
 import signal
@@ -97,6 +100,11 @@ def dependent(argv: list[str]) -> None:
     bootstrap, topic, group, log_path, redis_url, gate_url = argv
     log = Log(log_path)
     pid = os.getpid()
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {pid} %(levelname)s %(name)s: %(message)s"
+    )
+    stacks = open(f"{log_path}.stack-{pid}", "w")  # noqa: SIM115 - lives as long as the process
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     rng = random.Random(pid)
 
     def handle(records: list) -> None:  # type: ignore[type-arg]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -323,12 +324,42 @@ class Scenario:
             **{f"A {proc.pid}": proc.poll() is None for proc in self.dependents},
         }
         lines.append(f"processes alive: {alive}")
-        for name in ("service-a.err", "gate.err"):
+        lines.append(self._group_at_broker())
+        for name, count in (("service-a.err", 40), ("gate.err", 15)):
             path = self.workdir / name
             if path.exists():
-                tail = path.read_text(errors="replace").splitlines()[-15:]
+                tail = path.read_text(errors="replace").splitlines()[-count:]
                 lines.append(f"--- last lines of {name}:\n" + "\n".join(tail))
+        lines.extend(self._stacks_of_dependents())
         return "\n".join(lines)
+
+    def _group_at_broker(self) -> str:
+        """A's group as the broker describes it (a group that never settles shows here)."""
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        try:
+            group = admin.describe_consumer_groups([self.group], request_timeout=5)[self.group]
+            found = group.result(timeout=10)
+        except Exception as exc:
+            return f"group {self.group} at the broker: unavailable ({exc})"
+        members = [
+            f"{m.member_id} ({m.host}): "
+            + ",".join(str(tp.partition) for tp in (m.assignment.topic_partitions or []))
+            for m in found.members
+        ]
+        return f"group {self.group} at the broker: {found.state}, members {members}"
+
+    def _stacks_of_dependents(self) -> list[str]:
+        """The threads' stacks of every A still running (each writes them on SIGUSR1)."""
+        alive = [proc for proc in self.dependents if proc.poll() is None]
+        for proc in alive:
+            proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        found = []
+        for proc in alive:
+            path = self.workdir / f"service-a.log.stack-{proc.pid}"
+            if path.exists():
+                found.append(f"--- stacks of A {proc.pid}:\n" + same_stacks_once(path.read_text()))
+        return found
 
     def close(self) -> None:
         for process in list(self.dependents):
@@ -511,6 +542,15 @@ def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     finally:
         consumer.close()
     return {tp.partition: tp.offset for tp in found}
+
+
+def same_stacks_once(dump: str) -> str:
+    """A thread dump with the threads of one stack (idle workers) shown once, counted."""
+    counts: Counter[str] = Counter()
+    for block in dump.strip().split("\n\n"):
+        header, _, frames = block.partition("\n")
+        counts["current thread\n" + frames if header.startswith("Current") else frames] += 1
+    return "\n".join(f"{n} thread(s):\n{frames}" for frames, n in counts.items())
 
 
 def log_offsets(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
