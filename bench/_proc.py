@@ -44,6 +44,15 @@ def thread_cpu(pid: int | str = "self") -> dict[int, float]:
     return found
 
 
+def thread_name(tid: int, pid: int | str = "self") -> str:
+    """A thread's name (librdkafka names its own ``rdk:main``, ``rdk:broker-1``, ...), or ""
+    once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def rss_bytes(pid: int | str = "self") -> int | None:
     """A process's resident memory, or None where ``/proc`` does not tell."""
     try:

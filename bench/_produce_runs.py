@@ -13,7 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bench._proc import thread_cpu
+from bench._proc import thread_cpu, thread_name
 from bench._topics import CONSUMER, create_topic, fill
 from sdk import Options, Output, ParallelConsumer, Record
 
@@ -79,14 +79,20 @@ def produce_inputs(bootstrap: str, admin: AdminClient, records: int) -> tuple[st
 class Cpu:
     """The CPU time of the threads a consumer under test starts in this process: those that
     were not there when it was created (the benchmark's own threads, and the clients watching
-    the run, were)."""
+    the run, were); ``client_seconds``: librdkafka's threads among them (its fetching,
+    producing and protocol work, whatever the consumer on top)."""
 
     def __init__(self) -> None:
         self.before = set(thread_cpu())
         self.seconds = 0.0
+        self.client_seconds = 0.0
 
     def stop(self) -> float:
-        self.seconds = sum(cpu for tid, cpu in thread_cpu().items() if tid not in self.before)
+        found = {tid: cpu for tid, cpu in thread_cpu().items() if tid not in self.before}
+        self.seconds = sum(found.values())
+        self.client_seconds = sum(
+            cpu for tid, cpu in found.items() if thread_name(tid).startswith("rdk:")
+        )
         return self.seconds
 
 
@@ -214,6 +220,7 @@ class Run:
     records: int
     outputs: dict[str, int]
     cpu: float = 0.0  # CPU seconds of the consumer under test during the run
+    client_cpu: float | None = None  # of which librdkafka's threads (None: not measured)
     commits: list[float] = field(default_factory=list)  # plain transactional loop: seconds each
     stats: dict[str, Any] = field(default_factory=dict)  # the engine's outputs stats
 
@@ -225,6 +232,11 @@ class Run:
     def cpu_us(self) -> float:
         """CPU microseconds per record."""
         return self.cpu / self.records * 1e6
+
+    @property
+    def client_cpu_us(self) -> float | None:
+        """CPU microseconds per record in librdkafka's threads."""
+        return None if self.client_cpu is None else self.client_cpu / self.records * 1e6
 
 
 class Watched:
@@ -265,7 +277,11 @@ class Watched:
             first_record=first - self.started,
             records=records,
             outputs=read_outputs(self.bootstrap, self.output, records),
-            **({"cpu": self.cpu.seconds} if self.cpu is not None else {}),
+            **(
+                {"cpu": self.cpu.seconds, "client_cpu": self.cpu.client_seconds}
+                if self.cpu is not None
+                else {}
+            ),
             **figures,
         )
 

@@ -95,7 +95,8 @@ def measure(
         if run is not None:
             console.print(
                 f"[dim]  {run.seconds:.2f} s ({run.rate:,.0f} records/s, "
-                f"{run.cpu_us:.2f} us CPU/record), first record at {run.first_record:.2f} s, "
+                f"{run.cpu_us:.2f} us CPU/record, librdkafka {run.client_cpu_us or 0:.2f}), "
+                f"first record at {run.first_record:.2f} s, "
                 f"outputs {run.outputs}"
             )
         return run
@@ -111,6 +112,11 @@ def measure(
     runs = {name: found for name, found in runs.items() if found}
     rate = {name: statistics.median(r.rate for r in found) for name, found in runs.items()}
     cpu = {name: statistics.median(r.cpu_us for r in found) for name, found in runs.items()}
+    client = {
+        name: statistics.median(us for r in found if (us := r.client_cpu_us) is not None)
+        for name, found in runs.items()
+        if all(r.client_cpu_us is not None for r in found)
+    }
     rows = []
     for name, found in runs.items():
         rows.append(
@@ -122,6 +128,7 @@ def measure(
                 round(rate[name]),
                 round(rate[name] / rate[plain], 3),
                 round(cpu[name], 2),
+                round(client[name], 2) if name in client else "",
                 round(cpu[name] / cpu[plain], 2),
                 max(r.outputs["missing"] for r in found),
                 max(r.outputs["duplicates"] for r in found),
@@ -132,7 +139,7 @@ def measure(
         f"of {rounds} rounds; engine ({'compiled' if COMPILED else 'pure'} core): default "
         f"options but commit_mode={mode.value}",
         ["consumer", "inputs", "runs", "seconds", "records/s", "x loop", "CPU us/record",
-         "CPU x loop", "missing (most)", "duplicates (most)"],
+         "of it librdkafka", "CPU x loop", "missing (most)", "duplicates (most)"],
         rows,
     )  # fmt: skip
     result: dict[str, Any] = {
@@ -143,11 +150,17 @@ def measure(
         "cpu_target": workload.cpu_target,
         "ratio": round(rate[ENGINE] / rate[plain], 3),
         "cpu_ratio": round(cpu[ENGINE] / cpu[plain], 3),
+        "cpu_ratio_outside_librdkafka": round(
+            (cpu[ENGINE] - client[ENGINE]) / (cpu[plain] - client[plain]), 3
+        )
+        if ENGINE in client and plain in client
+        else None,
         "quix_ratio": round(rate[ENGINE] / rate[QUIX], 3) if QUIX in rate else None,
         "medians": {
             name: {
                 "records_per_second": round(rate[name]),
                 "cpu_us_per_record": round(cpu[name], 3),
+                "librdkafka_cpu_us_per_record": round(client[name], 3) if name in client else None,
             }
             for name in runs
         },
@@ -160,6 +173,9 @@ def measure(
                     else round(r.first_record, 3),
                     "records_per_second": round(r.rate),
                     "cpu_us_per_record": round(r.cpu_us, 3),
+                    "librdkafka_cpu_us_per_record": None
+                    if (us := r.client_cpu_us) is None
+                    else round(us, 3),
                     "outputs": r.outputs,
                     "engine_outputs_stats": r.stats or None,
                     "plain_commits": summary_ms(r.commits) if r.commits else None,
