@@ -192,6 +192,7 @@ class LocalBroker(LocalProcess):
     keeps_data = False
     cooperative_rebalances = True
     evicts_dead_members = True
+    ends_rounds_left_during = True  # a round of rebalancing ends when members leave during it
 
     @property
     def bootstrap(self) -> str:
@@ -228,6 +229,7 @@ class LocalNoida(LocalBroker):
     keeps_data = True
     cooperative_rebalances = False  # they hang in most tries: tests skip them here
     evicts_dead_members = False  # a killed member blocks its group for good
+    ends_rounds_left_during = False  # members leaving during a round: it never ends
 
     @property
     def data_dir(self) -> Path:

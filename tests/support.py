@@ -80,6 +80,7 @@ class Broker:
     keeps_data: bool = False
     cooperative_rebalances: bool = True
     evicts_dead_members: bool = True
+    ends_rounds_left_during: bool = True
 
     def require_eviction(self) -> None:
         """Skip a test that kills a group member when this broker never evicts it."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from demo._local import LocalBroker, LocalRedis, free_port
@@ -332,6 +332,23 @@ class Scenario:
                 lines.append(f"--- last lines of {name}:\n" + "\n".join(tail))
         lines.extend(self._stacks_of_dependents())
         return "\n".join(lines)
+
+    def wait_for_a_settled_group(self, timeout: float = 60) -> None:
+        """Until the broker tells A's group is stable (no round of rebalancing under way)."""
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                group = admin.describe_consumer_groups([self.group], request_timeout=5)
+                if group[self.group].result(timeout=10).state == ConsumerGroupState.STABLE:
+                    return
+            except Exception:  # (the broker is busy: ask again)
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"A's group never settled in {timeout}s: {self._group_at_broker()}"
+                )
+            time.sleep(0.2)
 
     def _group_at_broker(self) -> str:
         """A's group as the broker describes it (a group that never settles shows here)."""

@@ -1,5 +1,5 @@
-"""Two facts about noida-db 0.2's consumer groups that together let a transactional copier
-commit copies twice, which Apache Kafka prevents (NOIDA_JOIN in the group-mode test):
+"""Facts about noida-db 0.2's consumer groups. The first two together let a transactional
+copier commit copies twice, which Apache Kafka prevents (NOIDA_JOIN in the group-mode test):
 
 - it drops a member whose join it held longer than the member's ``session.timeout.ms`` (the
   group waiting for another member's revoke) right after it tells the member its assignment:
@@ -8,12 +8,17 @@ commit copies twice, which Apache Kafka prevents (NOIDA_JOIN in the group-mode t
 - it accepts a transaction's offsets sent with an earlier generation's group metadata (Kafka
   2.5 and later refuse them, KIP-447), so that member's copies commit.
 
+The third stalls a group for good: a round of rebalancing that members leave during never
+ends, and no member is assigned anything again (``ends_rounds_left_during``: the rebalance
+storm of the fault scenarios stops a dependent only once its group has settled there).
+
 Each test fails once noida-db behaves as Kafka does; then the copiers of the group-mode test
-can keep a short session timeout.
+can keep a short session timeout, and the storm can stop dependents at any time.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,3 +135,72 @@ def test_noida_accepts_a_transactions_offsets_from_an_earlier_generation(
             )
         committed = second.committed([TopicPartition(topic, 0)], timeout=10)
     assert committed[0].offset == 7, committed
+
+
+def left_during_a_round(kafka: Kafka) -> tuple[list[int], str]:
+    """A group's only member holds every partition; a second member joins and is given a
+    share; a third joins, and both newcomers close as soon as the first member is revoked for
+    the round the third started. Returns what the first member holds a session timeout (and
+    3 s) later, and the group's state at the broker then."""
+    topic = kafka.create_topic(4)
+    group = unique("left")
+    session = {"session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": 1000}
+    held: list[int] = []
+    rounds = [0]
+
+    def assigned(_: Consumer, tps: list[TopicPartition]) -> None:
+        held[:] = numbers(tps)
+
+    def revoked(_: Consumer, tps: list[TopicPartition]) -> None:
+        held.clear()
+        rounds[0] += 1
+
+    second_holds: list[TopicPartition] = []
+
+    def ignored(_: Consumer, tps: list[TopicPartition]) -> None:
+        pass
+
+    first, second, third = (member(kafka, group, **session) for _ in range(3))
+    with members(first):
+        first.subscribe([topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+        wait_until(lambda: first.poll(0.1) is None and len(held) == 4, what="first member")
+        second.subscribe(
+            [topic], on_assign=lambda _, tps: second_holds.extend(tps), on_revoke=ignored,
+            on_lost=ignored,
+        )  # fmt: skip
+        wait_until(lambda: first.poll(0.01) or second.poll(0.01) or second_holds, what="second")
+        before = rounds[0]
+        third.subscribe([topic], on_assign=ignored, on_revoke=ignored, on_lost=ignored)
+        wait_until(lambda: first.poll(0.01) or third.poll(0.01) or rounds[0] > before, what="round")
+        closing = [threading.Thread(target=consumer.close) for consumer in (second, third)]
+        for thread in closing:
+            thread.start()
+        while any(thread.is_alive() for thread in closing):
+            first.poll(0.05)
+        settled = time.monotonic() + SESSION_MS / 1000 + 3  # past any session of theirs
+        while time.monotonic() < settled and len(held) != 4:
+            first.poll(0.05)
+        found = list(held)
+        state = kafka.admin.describe_consumer_groups([group])[group].result(timeout=10).state
+    return found, state.name
+
+
+def test_noida_never_ends_a_rebalance_that_members_left_during(
+    kafka: Kafka, broker: Broker
+) -> None:
+    """Two members leave a group while the round of rebalancing the second's joining started
+    is under way (see left_during_a_round). Kafka ends the round without them and gives the
+    first member every partition again (so does Tansu); noida-db keeps the group preparing
+    that round for good, and the first member holds nothing. Whether the leaving reaches
+    noida-db before the round ends is a race (about half the tries here): up to eight tries."""
+    only_noida(broker)
+    tries = []
+    for _ in range(8):
+        held, state = left_during_a_round(kafka)
+        tries.append((held, state))
+        if len(held) != 4:
+            break
+    assert len(tries[-1][0]) != 4, (
+        f"noida-db ended every round that members left during ({tries}): the quirk this test "
+        "documents is gone"
+    )
