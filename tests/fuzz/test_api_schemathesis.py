@@ -16,6 +16,9 @@ schemathesis = pytest.importorskip("schemathesis")
 from schemathesis import GenerationMode  # noqa: E402
 
 TOKEN = "fuzz-token"
+UNREADABLE = "Invalid HTTP request received."
+"""uvicorn's answer (400, plain text) to a request its HTTP parser cannot read, such as one
+whose query string is longer than it takes; the app never sees it."""
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,13 @@ def test_the_api_never_fails_and_matches_its_schema(gate_api) -> None:  # type: 
         @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
         def fuzz(case) -> None:  # type: ignore[no-untyped-def]
             fuzzed[label] += 1
-            case.call_and_validate()
+            response = case.call()
+            if response.status_code == 400 and response.text == UNREADABLE:
+                # uvicorn's HTTP parser refused the request before the app saw it: its
+                # request line and headers together exceed the parser's 80 KB
+                assert len(response.request.url or "") > 8_000, response.request.url
+                return
+            case.validate_response(response)
 
         fuzz()
 
