@@ -95,8 +95,9 @@ def measure(
         if run is not None:
             console.print(
                 f"[dim]  {run.seconds:.2f} s ({run.rate:,.0f} records/s, "
-                f"{run.cpu_us:.2f} us CPU/record, librdkafka {run.client_cpu_us or 0:.2f}), "
-                f"first record at {run.first_record:.2f} s, "
+                f"{run.cpu_us:.2f} us CPU/record"
+                + ("" if run.client_cpu_us is None else f", librdkafka {run.client_cpu_us:.2f}")
+                + f"), first record at {run.first_record:.2f} s, "
                 f"outputs {run.outputs}"
             )
         return run
@@ -113,9 +114,9 @@ def measure(
     rate = {name: statistics.median(r.rate for r in found) for name, found in runs.items()}
     cpu = {name: statistics.median(r.cpu_us for r in found) for name, found in runs.items()}
     client = {
-        name: statistics.median(us for r in found if (us := r.client_cpu_us) is not None)
+        name: statistics.median(client_us)
         for name, found in runs.items()
-        if all(r.client_cpu_us is not None for r in found)
+        if None not in (client_us := [r.client_cpu_us for r in found])
     }
     rows = []
     for name, found in runs.items():

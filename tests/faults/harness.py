@@ -333,14 +333,18 @@ class Scenario:
         lines.extend(self._stacks_of_dependents())
         return "\n".join(lines)
 
+    def _describe_group(self) -> Any:
+        """A's group as the broker describes it (``ConsumerGroupDescription``)."""
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        group = admin.describe_consumer_groups([self.group], request_timeout=5)[self.group]
+        return group.result(timeout=10)
+
     def wait_for_a_settled_group(self, timeout: float = 60) -> None:
         """Until the broker tells A's group is stable (no round of rebalancing under way)."""
-        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
         deadline = time.monotonic() + timeout
         while True:
             try:
-                group = admin.describe_consumer_groups([self.group], request_timeout=5)
-                if group[self.group].result(timeout=10).state == ConsumerGroupState.STABLE:
+                if self._describe_group().state == ConsumerGroupState.STABLE:
                     return
             except Exception:  # (the broker is busy: ask again)
                 pass
@@ -352,10 +356,8 @@ class Scenario:
 
     def _group_at_broker(self) -> str:
         """A's group as the broker describes it (a group that never settles shows here)."""
-        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
         try:
-            group = admin.describe_consumer_groups([self.group], request_timeout=5)[self.group]
-            found = group.result(timeout=10)
+            found = self._describe_group()
         except Exception as exc:
             return f"group {self.group} at the broker: unavailable ({exc})"
         members = [
