@@ -192,7 +192,7 @@ class LocalBroker(LocalProcess):
     keeps_data = False
     cooperative_rebalances = True
     evicts_dead_members = True
-    ends_rounds_left_during = True  # a round of rebalancing ends when members leave during it
+    ends_every_round = True  # a round of rebalancing ends, members joining or leaving in it
 
     @property
     def bootstrap(self) -> str:
@@ -229,7 +229,7 @@ class LocalNoida(LocalBroker):
     keeps_data = True
     cooperative_rebalances = False  # they hang in most tries: tests skip them here
     evicts_dead_members = False  # a killed member blocks its group for good
-    ends_rounds_left_during = False  # members leaving during a round: it never ends
+    ends_every_round = False  # a round members leave in, or join together: may never end
 
     @property
     def data_dir(self) -> Path:

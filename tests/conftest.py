@@ -65,7 +65,7 @@ def broker(request: pytest.FixtureRequest) -> Broker:
         keeps_data=kind.keeps_data,
         cooperative_rebalances=kind.cooperative_rebalances,
         evicts_dead_members=kind.evicts_dead_members,
-        ends_rounds_left_during=kind.ends_rounds_left_during,
+        ends_every_round=kind.ends_every_round,
     )
 
 

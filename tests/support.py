@@ -55,19 +55,42 @@ def unique(prefix: str) -> str:
 
 
 def wait_until(
-    condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = ""
+    condition: Callable[[], T],
+    timeout: float = 30.0,
+    interval: float = 0.02,
+    what: str = "",
+    explain: Callable[[], str] | None = None,
 ) -> T:
     """Poll ``condition`` until it returns something truthy; fail the test on timeout (a
     bound for a loaded machine, never a measure: the suite runs tests in parallel on two
-    cores)."""
+    cores), with what ``explain`` then tells (the state a stall shows) in the message."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+            told = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what or condition}{told}"
+            )
         time.sleep(interval)
+
+
+def group_at_broker(bootstrap: str, group: str) -> str:
+    """A consumer group as the broker describes it: its state and each member's instance id
+    and partitions (a group that never settles shows here), or why the broker did not say."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        found = admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
+    except Exception as exc:  # (a broker down or busy: the report says so)
+        return f"group {group} at the broker: unavailable ({exc})"
+    members = [
+        f"{m.group_instance_id or m.member_id} ({m.host}): "
+        + ",".join(str(tp.partition) for tp in (m.assignment.topic_partitions or []))
+        for m in found.members
+    ]
+    return f"group {group} at the broker: {found.state.name}, members {members}"
 
 
 @dataclass(frozen=True)
@@ -80,7 +103,7 @@ class Broker:
     keeps_data: bool = False
     cooperative_rebalances: bool = True
     evicts_dead_members: bool = True
-    ends_rounds_left_during: bool = True
+    ends_every_round: bool = True
 
     def require_eviction(self) -> None:
         """Skip a test that kills a group member when this broker never evicts it."""

@@ -9,15 +9,19 @@ this process (its pid), so a reader can tell which run wrote a copy. Settings
 ``producer.NAME=VALUE`` go to the output producer (``producer_config``), any other
 ``NAME=VALUE`` to the consumer. SIGTERM stops it gracefully; it then prints its output
 statistics (``consumer.stats()["outputs"]``) as one JSON line on stdout. The engine's log
-(assignments, aborted transactions) goes to stderr.
+(assignments, aborted transactions) goes to stderr; so do the stacks of its threads on
+SIGUSR1, and librdkafka's debug lines with a setting ``debug=CONTEXTS`` (``debug=cgrp``: the
+consumer group's protocol, for a group that never settles).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
 import random
+import signal
 import sys
 import time
 from typing import Any
@@ -45,6 +49,9 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
+    if "debug" in consumer_extra:  # librdkafka's debug lines, through the engine's logger
+        logging.getLogger("sdk.kafka").setLevel(logging.DEBUG)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     run = str(os.getpid()).encode()
     chance = random.Random()
 

@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartiti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from demo._local import LocalBroker, LocalRedis, free_port
-from tests.support import keep_figures
+from tests.support import group_at_broker, keep_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -355,17 +355,7 @@ class Scenario:
             time.sleep(0.2)
 
     def _group_at_broker(self) -> str:
-        """A's group as the broker describes it (a group that never settles shows here)."""
-        try:
-            found = self._describe_group()
-        except Exception as exc:
-            return f"group {self.group} at the broker: unavailable ({exc})"
-        members = [
-            f"{m.member_id} ({m.host}): "
-            + ",".join(str(tp.partition) for tp in (m.assignment.topic_partitions or []))
-            for m in found.members
-        ]
-        return f"group {self.group} at the broker: {found.state}, members {members}"
+        return group_at_broker(self.broker.bootstrap, self.group)
 
     def _stacks_of_dependents(self) -> list[str]:
         """The threads' stacks of every A still running (each writes them on SIGUSR1)."""

@@ -46,7 +46,7 @@ from demo._local import LocalBroker
 from sdk import CommitMode, Hooks, Options, Ordering, Output, Record
 from sdk.engine._offsets import OffsetMapError, encode_offset_map, read_offset_map
 from tests.sdk.engine_support import start_engine
-from tests.support import Broker, Kafka, keep_figures, unique, wait_until
+from tests.support import Broker, Kafka, group_at_broker, keep_figures, unique, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -295,7 +295,25 @@ class Pipeline:
             done = self.done()
             return done if done > beyond else 0
 
-        return wait_until(advanced, timeout=timeout, interval=0.05, what="commits")
+        return wait_until(
+            advanced,
+            timeout=timeout,
+            interval=0.05,
+            what="commits",
+            explain=lambda: self.report(workers),
+        )
+
+    def report(self, workers: Sequence[Worker]) -> str:
+        """What a stall shows: the commits, the group as the broker describes it, and the
+        last lines of each worker's log (the engine's assignments, revokes and errors)."""
+        lines = [f"committed {self.committed()} of {self.per_partition} per partition"]
+        lines.append(group_at_broker(self.kafka.bootstrap, self.group))
+        for worker in workers:
+            state = (
+                "alive" if worker.process.poll() is None else f"exit {worker.process.returncode}"
+            )
+            lines.append(f"--- {worker.instance} (pid {worker.pid}, {state}):\n{worker.stderr(15)}")
+        return "\n".join(lines)
 
     def open_transaction(self, worker: Worker | None = None) -> bool:
         """Whether an open transaction (of ``worker``'s, if given) holds records in the
