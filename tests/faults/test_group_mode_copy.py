@@ -97,9 +97,9 @@ bounced copier comes back at once with its ``group.instance.id``: nothing waits 
 session to expire."""
 NOIDA_ROUNDS = (
     "noida-db sometimes never ends the round of rebalancing that members joining a group "
-    "together start (one try in ten or so, three members a fraction of a second apart): the "
-    "group prepares it for good and nobody is assigned anything (tests/faults/"
-    "test_noida_groups.py)"
+    "together start, a fraction of a second apart (about one try in ten with a 1 s "
+    "heartbeat, rarer at the default 3 s): the group prepares it for good and nobody is "
+    "assigned anything (tests/faults/test_noida_groups.py)"
 )
 NOIDA_FETCH = (
     "noida-db hands a read_committed fetch every aborted transaction of the partition, those "
