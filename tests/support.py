@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConsumerGroupDescription, NewTopic
 
 from gate import GateConfig, GateService, parse_config
 from gate.serve._serve import ServedGate
@@ -77,12 +77,17 @@ def wait_until(
         time.sleep(interval)
 
 
+def describe_group(bootstrap: str, group: str) -> ConsumerGroupDescription:
+    """A consumer group as the broker describes it (raises what the broker answered)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
+
+
 def group_at_broker(bootstrap: str, group: str) -> str:
     """A consumer group as the broker describes it: its state and each member's instance id
     and partitions (a group that never settles shows here), or why the broker did not say."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
-        found = admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
+        found = describe_group(bootstrap, group)
     except Exception as exc:  # (a broker down or busy: the report says so)
         return f"group {group} at the broker: unavailable ({exc})"
     members = [

@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartiti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from demo._local import LocalBroker, LocalRedis, free_port
-from tests.support import group_at_broker, keep_figures
+from tests.support import describe_group, group_at_broker, keep_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -333,18 +333,15 @@ class Scenario:
         lines.extend(self._stacks_of_dependents())
         return "\n".join(lines)
 
-    def _describe_group(self) -> Any:
-        """A's group as the broker describes it (``ConsumerGroupDescription``)."""
-        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
-        group = admin.describe_consumer_groups([self.group], request_timeout=5)[self.group]
-        return group.result(timeout=10)
-
     def wait_for_a_settled_group(self, timeout: float = 60) -> None:
         """Until the broker tells A's group is stable (no round of rebalancing under way)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if self._describe_group().state == ConsumerGroupState.STABLE:
+                if (
+                    describe_group(self.broker.bootstrap, self.group).state
+                    == ConsumerGroupState.STABLE
+                ):
                     return
             except Exception:  # (the broker is busy: ask again)
                 pass

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from tests.support import Broker, Kafka, unique, wait_until
+from tests.support import Broker, Kafka, describe_group, unique, wait_until
 
 SESSION_MS = 6000
 """The joining member's session timeout in the first test (the shortest noida-db takes)."""
@@ -185,7 +185,7 @@ def left_during_a_round(kafka: Kafka) -> tuple[list[int], str]:
         while time.monotonic() < settled and len(held) != 4:
             first.poll(0.05)
         found = list(held)
-        state = kafka.admin.describe_consumer_groups([group])[group].result(timeout=10).state
+        state = describe_group(kafka.bootstrap, group).state
     return found, state.name
 
 
@@ -249,7 +249,7 @@ def joined_together(kafka: Kafka, chance: random.Random) -> tuple[int, str]:
             thread.start()
             time.sleep(chance.uniform(0.0, 0.6))
         done.wait(30)
-        state = kafka.admin.describe_consumer_groups([group])[group].result(timeout=10).state
+        state = describe_group(kafka.bootstrap, group).state
         return sum(len(partitions) for partitions in held.values()), state.name
     finally:
         stopping.set()
