@@ -169,8 +169,8 @@ class Work:
                 else:
                     if returned is not None and deliveries is not None:
                         if type(returned) is Output:  # (the common case: one output)
-                            problem = outputs.send(  # type: ignore[union-attr]
-                                (returned,), deliveries, callback, len(results), entry
+                            problem = outputs.send_one(  # type: ignore[union-attr]
+                                returned, deliveries, callback, len(results), entry
                             )
                             if problem is not None:
                                 error = ProduceError(problem)

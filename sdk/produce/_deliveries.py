@@ -73,12 +73,13 @@ class Deliveries:
         self._outputs = outputs
         # Each record's (or call's) index, what it was given and its outputs, appended by the
         # worker before they are produced. At least once: its entry (or the records of a
-        # batch) and its ``Output``s, kept until the item settles, a few milliseconds.
+        # batch) and its ``Output``s (a lone ``Output`` stands for itself, not wrapped in a
+        # sequence), kept until the item settles, a few milliseconds.
         # Exactly once, where the reports are served when the transaction closes: only the
         # inputs' sources and the outputs' topic, key and value, in plain tuples (which the
         # garbage collector stops tracking), so that a transaction's worth of them costs it
         # nothing.
-        self.sent: list[tuple[int, Any, Sequence[Any]]] = []
+        self.sent: list[tuple[int, Any, Any]] = []
         self.expected = 0  # outputs produced (the worker's count)
         self.reports = 0  # delivery reports served (the consumer's thread)
         self.errors: dict[int, str] = {}  # failed deliveries, by record (or call) index
@@ -136,7 +137,7 @@ class Deliveries:
             for index, given, outputs in self.sent
             if any(
                 fields[0] == topic and _raw(fields[1]) == key and _raw(fields[2]) == value
-                for fields in map(_fields, outputs)
+                for fields in map(_fields, _each(outputs))
             )
         ]
         return found or [(index, given) for index, given, _ in self.sent]
@@ -157,6 +158,12 @@ def sources_of(given: Any) -> tuple[Source, ...]:
         topic, partition = given.tp
         return ((topic, partition, given.offset),)
     return ((given.topic, given.partition, given.offset),)
+
+
+def _each(outputs: Any) -> Sequence[Any]:
+    """The outputs noted for a record (or call): a sequence of them, or a lone ``Output``
+    (a tuple whose first field is its topic) standing for itself."""
+    return (outputs,) if outputs and isinstance(outputs[0], str) else outputs
 
 
 def _fields(output: Any) -> tuple[Any, Any, Any]:

@@ -204,6 +204,40 @@ class Outputs:
             self.unserved += sent  # (a threshold: an increment lost to a race is harmless)
         return None
 
+    def send_one(
+        self,
+        output: Output,
+        deliveries: Deliveries,
+        callback: Callable[[KafkaError | None, Any], None],
+        index: int,
+        given: Any,
+    ) -> str | None:
+        """:meth:`send` for a handler's most common return, one ``Output`` without headers,
+        with nothing made for it but its note in ``deliveries.sent`` (at least once, where the
+        output itself stands for its outputs). Anything else, or a ``produce`` that raised,
+        takes :meth:`send`'s way."""
+        producer = self._producer
+        if producer is None or output[3] is not None or self.tracing:
+            return self.send((output,), deliveries, callback, index, given)
+        transactional = self.transactional
+        if not transactional:
+            deliveries.sent.append((index, given, output))  # (noted before its report)
+        partition = output[4]
+        try:
+            producer.produce(
+                output[0], output[1], output[2], -1 if partition is None else partition, callback
+            )
+        except Exception:  # (a full queue, a bad field: send() tells, waits or fails it)
+            if not transactional:
+                deliveries.sent.pop()  # (nothing was produced: no report comes for it)
+            return self.send((output,), deliveries, callback, index, given)
+        deliveries.expected += 1
+        self.produced += 1  # (statistics and thresholds: see send)
+        if transactional:
+            self.in_transaction += 1
+            self.unserved += 1
+        return None
+
     @staticmethod
     def _produce(
         produce: Callable[..., None],

@@ -108,6 +108,21 @@ def test_a_failed_report_fails_the_record_whose_output_it_was() -> None:
     assert seen == [{1: "too large"}]
 
 
+def test_a_lone_output_noted_as_itself_is_traced_back_like_a_sequence() -> None:
+    """``Outputs.send_one`` notes a handler's lone ``Output`` as itself, not in a sequence:
+    a failed report still finds its record, and only it (its fields are not taken for
+    outputs)."""
+    deliveries = Deliveries(_outputs())
+    lone, other = Output("out", b"1", "k"), Output("out", b"2", "k")
+    deliveries.sent.append((0, _Record(0), lone))
+    deliveries.sent.append((1, _Record(1), other))
+    deliveries.expected += 2
+    deliveries.delivered(None, _Message(lone))
+    deliveries.delivered(_Error("gone"), _Message(other))  # type: ignore[arg-type]
+    assert deliveries.errors == {1: "gone"}
+    assert [index for index, _ in deliveries.culprits(_Message(lone))] == [0]
+
+
 def test_a_failed_report_that_matches_several_records_fails_each_of_them() -> None:
     """The same output (topic, key and value) from two records: either could be the one
     that failed, so both run again (at least once: a copy may be written twice, none lost);
