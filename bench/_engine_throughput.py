@@ -17,6 +17,7 @@ from bench._report import table
 from bench._rounds import best_and_median, interleaved
 from bench._topics import CONSUMER, create_topic, fill, unique
 from sdk import Options, Ordering
+from sdk.consumer._config import FETCH_DEFAULTS
 
 
 def plain_loop(bootstrap: str, topic: str, expected: int, at_least_once: bool) -> float:
@@ -27,7 +28,7 @@ def plain_loop(bootstrap: str, topic: str, expected: int, at_least_once: bool) -
     config = {
         "bootstrap.servers": bootstrap,
         "group.id": f"plain-{random.random()}",
-        "fetch.queue.backoff.ms": 20,
+        **FETCH_DEFAULTS,  # (what the engine sets for its consumer)
         "enable.auto.offset.store": not at_least_once,
         **CONSUMER,
     }

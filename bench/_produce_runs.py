@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient
 from bench._proc import thread_cpu, thread_name
 from bench._topics import CONSUMER, create_topic, fill
 from sdk import Options, Output, ParallelConsumer, Record
+from sdk.consumer._config import FETCH_DEFAULTS
 
 PARTITIONS = 12
 KEYS = 10_000
@@ -25,9 +26,11 @@ PLAIN_COMMIT_EVERY = 0.1
 """The plain transactional loop commits every 100 ms."""
 PLAIN_BATCH = 1000
 """Records the plain loops take from ``consume`` at a time."""
-FETCH = {"fetch.queue.backoff.ms": 20}
-"""What the engine sets for its consumer too (librdkafka's default of 1 s starves a consumer
-that drains its queue in bursts); the plain loops get the same."""
+FETCH = dict(FETCH_DEFAULTS)
+"""What the engine sets for its consumer unless told otherwise (a 20 ms backoff once the
+queue is full: librdkafka's 1 s starves a consumer that drains it in bursts; 10,000 records
+queued per partition, not 100,000: see ``sdk.consumer._config``); the plain loops get the
+same."""
 PRODUCER = {"enable.idempotence": True}
 """The engine's producer default; the plain loops get the same."""
 TIMEOUT = 900.0

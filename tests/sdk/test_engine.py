@@ -71,6 +71,20 @@ def test_invalid_consumer_arguments() -> None:
         ParallelConsumer({"group.id": "g"}, ["t"], None)  # type: ignore[arg-type]
 
 
+def test_the_engine_s_fetch_settings_apply_unless_given_and_stay_off_the_producer() -> None:
+    """librdkafka's prefetch is cut to 10,000 records a partition (from 100,000) and its
+    backoff at a full queue to 20 ms (from 1 s) unless the config says otherwise; neither is
+    a producer setting."""
+    engine = ParallelConsumer({"group.id": "g"}, ["t"], print, registry=None)
+    assert engine.config["queued.min.messages"] == 10_000
+    assert engine.config["fetch.queue.backoff.ms"] == 20
+    assert not {"queued.min.messages", "fetch.queue.backoff.ms"} & set(engine.producer_config)
+    given = {"group.id": "g", "queued.min.messages": 500, "fetch.queue.backoff.ms": 100}
+    engine = ParallelConsumer(given, ["t"], print, registry=None)
+    assert engine.config["queued.min.messages"] == 500
+    assert engine.config["fetch.queue.backoff.ms"] == 100
+
+
 @pytest.mark.parametrize(("topics", "sole"), [(["t"], "t"), (["t", "u"], None), (["^t.*"], None)])
 def test_records_topics_are_read_unless_one_topic_is_subscribed_by_name(
     topics: list[str], sole: str | None
