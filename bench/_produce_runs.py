@@ -26,11 +26,9 @@ PLAIN_COMMIT_EVERY = 0.1
 """The plain transactional loop commits every 100 ms."""
 PLAIN_BATCH = 1000
 """Records the plain loops take from ``consume`` at a time."""
-FETCH = dict(FETCH_DEFAULTS)
-"""What the engine sets for its consumer unless told otherwise (a 20 ms backoff once the
-queue is full: librdkafka's 1 s starves a consumer that drains it in bursts; 10,000 records
-queued per partition, not 100,000: see ``sdk.consumer._config``); the plain loops get the
-same."""
+FETCH = FETCH_DEFAULTS
+"""The consumer settings the engine sets unless told otherwise (``sdk.consumer._config``);
+the plain loops get the same."""
 PRODUCER = {"enable.idempotence": True}
 """The engine's producer default; the plain loops get the same."""
 TIMEOUT = 900.0

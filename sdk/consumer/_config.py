@@ -10,6 +10,21 @@ from sdk.consumer._fencing import transactional_id
 from sdk.engine._failures import FailurePolicy
 from sdk.engine._options import CONSUMER_ONLY, Options, OptionsError
 
+FETCH_DEFAULTS: dict[str, Any] = {
+    # librdkafka postpones fetching for 1 s once its local queue is over threshold; the
+    # engine drains that queue in bursts into its own buffer, and with the default it would
+    # starve for most of each second.
+    "fetch.queue.backoff.ms": 20,
+    # librdkafka fetches for a partition while fewer of its records than this are queued
+    # (100,000 by default), on top of the engine's own buffer. A broker that answers a fetch
+    # at the log end at once (one that does not honour fetch.wait.max.ms) has it fetch
+    # without pause all that time: about half a core while a backlog drains. A tenth is
+    # prefetch enough: 10,000 records of one partition last 0.1 s at 100,000 a second, five
+    # times the backoff above.
+    "queued.min.messages": 10_000,
+}
+"""The consumer settings the engine sets unless they are given."""
+
 
 def consumer_config(
     config: Mapping[str, Any], topics: Sequence[str], handler: Callable[..., Any]
@@ -30,22 +45,6 @@ def consumer_config(
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
     }
-
-
-FETCH_DEFAULTS: dict[str, Any] = {
-    # librdkafka postpones fetching for 1 s once its local queue is over threshold; the
-    # engine drains that queue in bursts into its own buffer, and with the default it would
-    # starve for most of each second.
-    "fetch.queue.backoff.ms": 20,
-    # librdkafka fetches for a partition while fewer of its records than this are queued
-    # (100,000 by default), on top of the engine's own buffer. A broker that answers a fetch
-    # at the log end at once (one that does not honour fetch.wait.max.ms) has it fetch
-    # without pause all that time: about half a core while a backlog drains. A tenth is
-    # prefetch enough: 10,000 records of one partition last 0.1 s at 100,000 a second, five
-    # times the backoff above.
-    "queued.min.messages": 10_000,
-}
-"""The consumer settings the engine sets unless they are given."""
 
 
 def output_config(

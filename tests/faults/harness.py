@@ -324,7 +324,7 @@ class Scenario:
             **{f"A {proc.pid}": proc.poll() is None for proc in self.dependents},
         }
         lines.append(f"processes alive: {alive}")
-        lines.append(self._group_at_broker())
+        lines.append(group_at_broker(self.broker.bootstrap, self.group))
         for name, count in (("service-a.err", 40), ("gate.err", 15)):
             path = self.workdir / name
             if path.exists():
@@ -346,13 +346,9 @@ class Scenario:
             except Exception:  # (the broker is busy: ask again)
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"A's group never settled in {timeout}s: {self._group_at_broker()}"
-                )
+                found = group_at_broker(self.broker.bootstrap, self.group)
+                raise AssertionError(f"A's group never settled in {timeout}s: {found}")
             time.sleep(0.2)
-
-    def _group_at_broker(self) -> str:
-        return group_at_broker(self.broker.bootstrap, self.group)
 
     def _stacks_of_dependents(self) -> list[str]:
         """The threads' stacks of every A still running (each writes them on SIGUSR1)."""
