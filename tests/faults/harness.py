@@ -256,6 +256,25 @@ class Scenario:
     def started_records(self) -> int:
         return len({(p, o) for _, p, o, _ in self._starts()})
 
+    def wait_for_a_batch(self, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        """Until the dependent ``process`` logs the start of a batch. Its handler then runs
+        for 2-10 ms, and a commit comes on a turn after it: killed now, it has records that
+        ran without their commit (they run again: duplicates the checks must justify)."""
+        deadline = time.monotonic() + timeout
+        with open(self.workdir / "service-a.log") as log:
+            log.seek(0, os.SEEK_END)
+            pending = ""
+            while True:
+                pending += log.read()
+                lines, _, pending = pending.rpartition("\n")
+                for line in lines.splitlines():
+                    x = line.split()
+                    if len(x) >= 5 and x[0] == "start" and int(x[4]) == process.pid:
+                        return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"dependent {process.pid} started no batch in {timeout}s")
+                time.sleep(0.001)
+
     def wait_for_progress(self, records: int, timeout: float = 60) -> None:
         """Until A has started ``records`` more records than now."""
         target = self.started_records() + records

@@ -50,8 +50,9 @@ def check(name: str, scenario: Scenario, report: dict) -> None:
 def test_the_dependent_killed_mid_batch(scenario: Scenario, kills: int, broker: Broker) -> None:
     broker.require_eviction()
     for i in range(kills):
-        time.sleep(0.5 + (i % 3) * 0.5)  # into its steady state: handlers mid-batch
+        time.sleep(0.5 + (i % 3) * 0.5)  # into its steady state
         victim = scenario.dependents[0]
+        scenario.wait_for_a_batch(victim)  # killed mid-batch: something must run again
         fault = scenario.fault("dependent killed (-9)")
         scenario.stop_dependent(victim, signal.SIGKILL)
         scenario.spawn_dependent()
