@@ -268,9 +268,17 @@ class PartitionState:
         head = self.head
         if head < len(self.offsets):
             return self.offsets[head]
-        if self.highest >= 0:
-            return self.highest + 1
-        return self.start
+        offset = self.highest + 1 if self.highest >= 0 else self.start
+        if offset is not None:
+            # A committed offset is one still to process (its map lists only the completed
+            # offsets above it): the commit passes the offsets the restored map says were
+            # completed from there on, fetched or not.
+            for low, high in self.restored:
+                if low > offset:
+                    break
+                if high > offset:
+                    offset = high
+        return offset
 
     def reached(self, position: int) -> None:
         """The consumer's position is ``position`` (the next offset it returns) and every

@@ -1007,3 +1007,39 @@ def test_a_map_committed_keeps_every_restored_offset_not_yet_fetched(
     text = part.offset_map(base)
     kept = set(decode_offset_map(text)[1]) if text else set()
     assert kept == {o for o in completed if o > base}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    committed=st.integers(0, 50),
+    done=st.sets(st.integers(1, 120), max_size=40),
+    fetched=st.integers(0, 130),
+    processed=st.integers(0, 130),
+)
+def test_a_commit_never_stops_at_an_offset_the_restored_map_says_was_completed(
+    committed: int, done: set[int], fetched: int, processed: int
+) -> None:
+    """A partition assigned with an offset map has fetched some of its records and processed
+    the first ``processed`` of them: the offset it commits is never one the map says was
+    completed, fetched or not (a committed offset is the next to process, its map lists only
+    the completed offsets above it: a completed one there would run a second time), and
+    every offset below it is done."""
+    completed = sorted(o for o in done if o > committed)
+    ranges = [(o, o + 1) for o in completed]
+    part = PartitionState((TOPIC, 0), committed, ranges, Counts(), 0.0)
+    offsets = list(range(committed, committed + fetched))
+    if offsets:
+        first = part.register(offsets, 0.0)
+        for seq, offset in enumerate(offsets, first):
+            if part.take_restored(offset) or offset < committed + processed:
+                part.finish(seq)
+        part.advance(0.0)
+    part.refresh_map(4000)
+    base = part.committable()
+    assert base is not None
+    assert base not in completed
+    below = range(committed, base)
+    assert all(o in completed or o < min(committed + processed, committed + fetched) for o in below)
+    text = part.offset_map(base)
+    kept = set(decode_offset_map(text)[1]) if text else set()
+    assert kept == {o for o in completed if o > base}
