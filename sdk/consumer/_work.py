@@ -96,7 +96,8 @@ class Work:
         """Log a failed attempt and show it to the ``on_failure`` hook, then drop its
         traceback (see the module's docstring)."""
         if isinstance(error, RetriableError):
-            log.debug("%r failed, will retry: %s", record, error)
+            if log.isEnabledFor(logging.DEBUG):  # (as text: a kept log record keeps its args)
+                log.debug("%s failed, will retry: %s", repr(record), describe(error))
         else:
             where = (record.topic, record.partition, record.offset)
             self.failures.failed(where, record.attempt, describe(error))

@@ -124,10 +124,10 @@ class DeadLetters:
         if not interval:
             interval = HELD_RETRY_FIRST
             at = now + interval
-            log.error(
-                "the dead-letter copy of %r broke %d transactions (%s): it is held, and its "
+            log.error(  # (the record as text: a handler keeping log records keeps their args)
+                "the dead-letter copy of %s broke %d transactions (%s): it is held, and its "
                 "partition's commit stays below it; its copy is tried again in %.0f s",
-                entry,
+                repr(entry),
                 breaks,
                 why,
                 interval,

@@ -11,8 +11,15 @@ import pytest
 from demo._local import free_port
 from gate import GateService
 from gate.serve._serve import ServedGate
-from sdk import EmbeddedSource, Gate, HttpSource, Options, ParallelConsumer
+from sdk import EmbeddedSource, Gate, HttpSource, Options, Ordering, ParallelConsumer, Record
+from sdk.consumer._work import Work
+from sdk.engine._core import WorkCore
+from sdk.engine._failures import RetriableError
+from sdk.engine._shards import Entry, Shard
+from sdk.produce._dead_letters import DeadLetters
+from sdk.produce._producer import Outputs
 from tests.sdk.engine_support import CONSUMER
+from tests.sdk.simulated import SimMessage
 from tests.support import Kafka, gate_config, unique, wait_until
 
 
@@ -165,3 +172,38 @@ def test_failing_records_are_summarised_not_logged_per_attempt(
     assert f"first: {topic}[0]@0 ValueError: no account 17" in summary, summary
     counted = re.search(r"failed (\d+) attempts since \d\d:\d\d:\d\d;", summary)
     assert counted and 30 <= int(counted.group(1)) <= len(attempts), summary
+
+
+def _logged_objects(caplog: pytest.LogCaptureFixture) -> list[object]:
+    """The records (and entries) the captured log records were given as arguments."""
+    found = []
+    for record in caplog.records:
+        args = record.args if isinstance(record.args, tuple) else (record.args,)
+        found += [arg for arg in args if isinstance(arg, Entry | Record)]
+    return found
+
+
+def test_records_are_logged_as_text_so_a_kept_log_line_keeps_no_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler that keeps log records (a test's capture, an error tracker's recent
+    history) keeps their arguments: the engine gives a record as text, so a kept log line
+    never keeps a record alive, nor its message and its partition's state. Here the two
+    lines that name one: a dead-letter copy held after it broke three transactions, and a
+    failure to retry (at debug level)."""
+    caplog.set_level(logging.DEBUG, logger="sdk")
+    core = WorkCore(Ordering.KEY)
+    core.assign(("t", 0), None)
+    part = core.partitions[("t", 0)]
+    message = SimMessage(("t", 0), 5, b"k", 0)
+    entry = Entry(5, part, Shard(b"k", part), message, 0.0)
+    entry.last_error = "TerminalError: never"
+    outputs = Outputs(lambda: None, transactional=True)  # type: ignore[arg-type,return-value]
+    outputs.breakers[("t", 0, 5)] = (3, "an output's delivery failed: fenced")
+    letters = DeadLetters("dlt", core, lambda: None, transaction=outputs)  # type: ignore[arg-type,return-value]
+    letters.send(entry)
+    Work(lambda record: None, Options()).failed(Record(message), RetriableError("again"))
+    lines = _lines(caplog, "sdk", logging.DEBUG)
+    assert any("is held" in line and "t[0]@5" in line for line in lines), lines
+    assert any("will retry" in line for line in lines), lines
+    assert not _logged_objects(caplog)
