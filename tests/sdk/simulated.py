@@ -242,6 +242,10 @@ class Transactions:
         self.visible: list[Written] = []
         self.states: dict[int, str] = {}  # open, committed or aborted
         self.written: dict[int, list[Written]] = {}  # the records of open transactions
+        # What open transactions held when a newer producer with their transactional.id
+        # aborted them: their own producer, fenced, goes on believing them open until it
+        # learns of it.
+        self.fenced_away: dict[int, list[Written]] = {}
         self.epochs: dict[str, int] = {}
         self.open: dict[str, int] = {}
         self.dead_letter_topic: str | None = None
@@ -265,6 +269,7 @@ class Transactions:
         self.epochs[transactional_id] = epoch
         txn = self.open.get(transactional_id)
         if txn is not None:
+            self.fenced_away[txn] = list(self.written[txn])
             self.end(transactional_id, txn, commit=False)
         return epoch
 
@@ -570,6 +575,9 @@ class SimOutputProducer:
         self.txn: int | None = None
         self.pending: list[tuple[Written, Callable[..., None]]] = []
         self.failed_deliveries = 0  # of the open transaction
+        # Records of the open transaction whose delivery failed: the engine counts them as
+        # written until the transaction ends (the failure aborts it).
+        self.failed_in_transaction: list[Written] = []
         self.offsets: list[TopicPartition] = []
         self.fatal: KafkaError | None = None
         self.conflict_next = False
@@ -678,6 +686,7 @@ class SimOutputProducer:
             error = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
         if written.txn is not None and written.txn == self.txn:
             self.failed_deliveries += 1
+            self.failed_in_transaction.append(written)
         error = error or KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out")
         if written.txn is not None and error.code() == KafkaError._MSG_TIMED_OUT:
             self.late.append(written)
@@ -726,6 +735,7 @@ class SimOutputProducer:
             self.transactions.write(replace(written, txn=self.txn))
         self.late = []
         self.failed_deliveries = 0
+        self.failed_in_transaction = []
         self.offsets = []
 
     def send_offsets_to_transaction(

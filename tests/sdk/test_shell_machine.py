@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 from typing import Any
 
@@ -79,7 +80,16 @@ from hypothesis.stateful import (
 )
 
 from gate.evaluate._watermark import Snapshot
-from sdk import CommitMode, Gate, Options, Ordering, Output, RetriableError, TerminalError
+from sdk import (
+    CommitMode,
+    Gate,
+    Options,
+    Ordering,
+    Output,
+    Record,
+    RetriableError,
+    TerminalError,
+)
 from sdk.consumer._loop import _IDLE_COMMIT_GAP
 from sdk.consumer._transactions import TransactionError
 from sdk.engine._offsets import encode_offset_map, parse_base, read_offset_map
@@ -92,6 +102,7 @@ from tests.sdk.simulated import (
     Clock,
     Cluster,
     SimEngine,
+    SimMessage,
     SimProducer,
     Written,
     sim_gate,
@@ -112,6 +123,26 @@ FAILURE_POLICIES: dict[str, dict[str, Any]] = {
     "skip": {"max_attempts": 1, "on_exhausted": "skip"},
     "skip_terminal": {"on_exhausted": "skip"},
 }
+
+
+class LogsHoldingRecords(logging.Handler):
+    """Notes the engine's log records whose arguments are records: a handler that keeps log
+    records (a test's capture, an error tracker's recent history) keeps their arguments, and
+    a record keeps its message and the engine's state around it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else (record.args,)
+        for arg in args:
+            if isinstance(arg, Entry | Record | SimMessage):
+                self.found.append(f"{record.msg!r} is given a {type(arg).__name__}")
+
+
+LOGS_HOLDING_RECORDS = LogsHoldingRecords()
+logging.getLogger("sdk").addHandler(LOGS_HOLDING_RECORDS)
 
 
 class ShellMachine(RuleBasedStateMachine):
@@ -162,6 +193,7 @@ class ShellMachine(RuleBasedStateMachine):
         self.done: set[tuple[TP, int]] = set()  # processed at least once, or given up rightly
         self.skipped: set[tuple[TP, int]] = set()
         self.violations: list[str] = []
+        LOGS_HOLDING_RECORDS.found.clear()
         self.checked_commits = 0
         self.checked_letters = 0
         self.wait = 0.0
@@ -356,12 +388,19 @@ class ShellMachine(RuleBasedStateMachine):
 
     def copies_in_transaction(self) -> set[Input]:
         """Records whose dead-letter copies are in the open transaction (done for the
-        engine: the copy commits with their offsets)."""
+        engine: the copy commits with their offsets). Until the engine ends the transaction,
+        so are those whose copy failed delivery (the failure aborts it, and every record of
+        it runs again, in order) and those of a transaction a newer producer with its
+        ``transactional.id`` aborted (the engine, fenced, learns of it later): what it started
+        meanwhile ran after them, in its own order."""
         producer = self.engine.output_producer if self.engine is not None else None
         if producer is None or producer.txn is None:
             return set()
-        written = [w for w, _ in producer.pending]
-        written += self.cluster.transactions.written.get(producer.txn, [])
+        transactions = self.cluster.transactions
+        written = [w for w, _ in producer.pending] + producer.failed_in_transaction
+        written += transactions.written.get(producer.txn) or transactions.fenced_away.get(
+            producer.txn, []
+        )
         found = set()
         for copy in written:
             if copy.topic == self.options.dead_letter_topic and copy.txn == producer.txn:
@@ -839,6 +878,10 @@ class ShellMachine(RuleBasedStateMachine):
         assert not getattr(self, "violations", None), self.violations
 
     @invariant()
+    def log_records_hold_no_record(self) -> None:
+        assert not LOGS_HOLDING_RECORDS.found, LOGS_HOLDING_RECORDS.found
+
+    @invariant()
     def fetching_is_what_the_core_believes_and_never_stuck(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is None:
@@ -1001,6 +1044,7 @@ class ShellMachine(RuleBasedStateMachine):
             self.clock.advance(0.05)
             self.turn()
         assert self.engine is None, "the consumer did not stop"
+        self.log_records_hold_no_record()
         if self.check_kept_alive:
             self.nothing_kept_alive()
 
