@@ -605,9 +605,14 @@ class CoreMachine(RuleBasedStateMachine):
         for tp, partition in self.core.partitions.items():
             assert partition.held == 0, f"{tp} still holds {partition.held} records"
             committed = partition.committable()
-            assert (
-                committed is None or not self.records[tp] or committed == max(self.records[tp]) + 1
-            )
+            if committed is None or not self.records[tp]:
+                continue
+            # Past the last record, and past the offsets completed before a rebalance that
+            # follow it (the map restored says so: not fetched again, they are not records).
+            expected = max(self.records[tp]) + 1
+            while expected in self.complete_offsets[tp]:
+                expected += 1
+            assert committed == expected
 
 
 CoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
