@@ -984,36 +984,6 @@ def test_a_fetch_may_mix_message_classes(ordering: Ordering) -> None:
     assert taken == sorted((m.tp, m.offset_) for m in fetch)
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    committed=st.integers(0, 50),
-    done=st.sets(st.integers(1, 120), max_size=40),
-    fetched=st.integers(0, 130),
-)
-def test_a_map_committed_keeps_every_restored_offset_not_yet_fetched(
-    committed: int, done: set[int], fetched: int
-) -> None:
-    """A partition assigned with an offset map (offsets completed beyond the committed one)
-    has fetched some of its records, none processed: the map its next commit carries still
-    names every restored offset, fetched or not (else they would run a second time)."""
-    completed = sorted(o for o in done if o > committed)
-    ranges = [(o, o + 1) for o in completed]
-    part = PartitionState((TOPIC, 0), committed, ranges, Counts(), 0.0)
-    offsets = list(range(committed, committed + fetched))
-    if offsets:
-        first = part.register(offsets, 0.0)
-        for seq, offset in enumerate(offsets, first):
-            if part.take_restored(offset):
-                part.finish(seq)
-        part.advance(0.0)
-    part.refresh_map(4000)
-    base = part.committable()
-    assert base is not None
-    text = part.offset_map(base)
-    kept = set(decode_offset_map(text)[1]) if text else set()
-    assert kept == {o for o in completed if o > base}
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     committed=st.integers(0, 50),
@@ -1024,11 +994,12 @@ def test_a_map_committed_keeps_every_restored_offset_not_yet_fetched(
 def test_a_commit_never_stops_at_an_offset_the_restored_map_says_was_completed(
     committed: int, done: set[int], fetched: int, processed: int
 ) -> None:
-    """A partition assigned with an offset map has fetched some of its records and processed
-    the first ``processed`` of them: the offset it commits is never one the map says was
-    completed, fetched or not (a committed offset is the next to process, its map lists only
-    the completed offsets above it: a completed one there would run a second time), and
-    every offset below it is done."""
+    """A partition assigned with an offset map (offsets completed beyond the committed one)
+    has fetched some of its records and processed the first ``processed`` of them: the
+    offset it commits is never one the map says was completed, fetched or not (a committed
+    offset is the next to process, its map lists only the completed offsets above it: a
+    completed one there would run a second time), every offset below it is done, and the map
+    it commits still names every restored offset above it."""
     completed = sorted(o for o in done if o > committed)
     ranges = [(o, o + 1) for o in completed]
     part = PartitionState((TOPIC, 0), committed, ranges, Counts(), 0.0)
