@@ -33,6 +33,7 @@ side: what was written, and which transactional records a ``read_committed`` rea
 
 from __future__ import annotations
 
+import logging
 import queue
 import zlib
 from collections import deque
@@ -1096,3 +1097,11 @@ class SimEngine(ParallelConsumer):
 
     def _choose_maps(self) -> OffsetMaps:
         return OffsetMaps(self.maps_kind, self.group)
+
+
+def records_logged(record: logging.LogRecord) -> list[object]:
+    """The records (entries, handler records, messages) a log record was given as
+    arguments: a handler that keeps log records (a test's capture, an error tracker's recent
+    history) keeps them alive, with the engine's state around them."""
+    args = record.args if isinstance(record.args, tuple) else (record.args,)
+    return [arg for arg in args if isinstance(arg, Entry | Record | SimMessage)]

@@ -19,7 +19,7 @@ from sdk.engine._shards import Entry, Shard
 from sdk.produce._dead_letters import DeadLetters
 from sdk.produce._producer import Outputs
 from tests.sdk.engine_support import CONSUMER
-from tests.sdk.simulated import SimMessage
+from tests.sdk.simulated import SimMessage, records_logged
 from tests.support import Kafka, gate_config, unique, wait_until
 
 
@@ -174,15 +174,6 @@ def test_failing_records_are_summarised_not_logged_per_attempt(
     assert counted and 30 <= int(counted.group(1)) <= len(attempts), summary
 
 
-def _logged_objects(caplog: pytest.LogCaptureFixture) -> list[object]:
-    """The records (and entries) the captured log records were given as arguments."""
-    found = []
-    for record in caplog.records:
-        args = record.args if isinstance(record.args, tuple) else (record.args,)
-        found += [arg for arg in args if isinstance(arg, Entry | Record)]
-    return found
-
-
 def test_records_are_logged_as_text_so_a_kept_log_line_keeps_no_record(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -206,4 +197,4 @@ def test_records_are_logged_as_text_so_a_kept_log_line_keeps_no_record(
     lines = _lines(caplog, "sdk", logging.DEBUG)
     assert any("is held" in line and "t[0]@5" in line for line in lines), lines
     assert any("will retry" in line for line in lines), lines
-    assert not _logged_objects(caplog)
+    assert not [found for record in caplog.records for found in records_logged(record)]

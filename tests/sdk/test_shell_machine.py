@@ -80,16 +80,7 @@ from hypothesis.stateful import (
 )
 
 from gate.evaluate._watermark import Snapshot
-from sdk import (
-    CommitMode,
-    Gate,
-    Options,
-    Ordering,
-    Output,
-    Record,
-    RetriableError,
-    TerminalError,
-)
+from sdk import CommitMode, Gate, Options, Ordering, Output, RetriableError, TerminalError
 from sdk.consumer._loop import _IDLE_COMMIT_GAP
 from sdk.consumer._transactions import TransactionError
 from sdk.engine._offsets import encode_offset_map, parse_base, read_offset_map
@@ -102,9 +93,9 @@ from tests.sdk.simulated import (
     Clock,
     Cluster,
     SimEngine,
-    SimMessage,
     SimProducer,
     Written,
+    records_logged,
     sim_gate,
 )
 
@@ -135,10 +126,8 @@ class LogsHoldingRecords(logging.Handler):
         self.found: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        args = record.args if isinstance(record.args, tuple) else (record.args,)
-        for arg in args:
-            if isinstance(arg, Entry | Record | SimMessage):
-                self.found.append(f"{record.msg!r} is given a {type(arg).__name__}")
+        for arg in records_logged(record):
+            self.found.append(f"{record.msg!r} is given a {type(arg).__name__}")
 
 
 LOGS_HOLDING_RECORDS = LogsHoldingRecords()
