@@ -50,6 +50,14 @@ class IsolatedPoller:
     ``niceness`` lowers the child's CPU priority below this process's: when CPU is short, the
     process serving HTTP goes first.
 
+    A child that is still running but has not answered a poll within ``answer_wait`` seconds
+    (by default twice the request timeout and 10 s: a new child also starts its interpreter) is
+    slow, not gone: on a machine short of CPU a child at a lower priority may need a minute. That
+    poll is reported failed ("not answered yet", the last snapshot stays) and the next poll
+    waits for the same answer rather than asking again, so a starved child is never replaced by
+    one that must start from nothing. A child that lets ``patience`` waits in a row pass
+    without answering is taken for hung and replaced.
+
     After :meth:`evaluate`, the child evaluates the gates too, and each poll leaves their
     states in :attr:`evaluated`: the process that serves HTTP then spends no time on them.
     The child then also reads the timestamps of the records its gates want after each poll
@@ -66,6 +74,8 @@ class IsolatedPoller:
         metadata_interval: float = 10.0,
         idle_interval: float = 0.0,
         niceness: int = 0,
+        answer_wait: float | None = None,
+        patience: int = 3,
     ) -> None:
         # Invalid properties fail here, in the caller, with librdkafka's own message.
         AdminClient(dict(properties), logger=KafkaLog("gate.kafka"))
@@ -80,8 +90,13 @@ class IsolatedPoller:
         )
         self._groups = frozenset(topics_by_group)
         self._topics = list(dict.fromkeys(t for ts in topics_by_group.values() for t in ts))
-        self._wait = 2 * request_timeout + 10.0
+        self._wait = 2 * request_timeout + 10.0 if answer_wait is None else answer_wait
+        self._patience = max(1, patience)
         self._niceness = niceness
+        self._asked: tuple[float, float] | None = None
+        """When (wall, monotonic) the child was asked the poll it has not answered yet."""
+        self._unanswered = 0
+        """The waits in a row that poll has outlasted."""
         self._process: Any = None
         self._closing = False
         self.restarts = 0
@@ -132,21 +147,31 @@ class IsolatedPoller:
             return self._crashed(started_at, started, EOFError("closed"))
         assert process.stdin is not None and process.stdout is not None
         try:
-            # The child's poll starts now: its clocks are its own, these count (read together,
-            # so the offset between the wall and monotonic clocks stays steady from poll to
-            # poll: the evaluation re-evaluates everything when it moves).
-            started_at, started = time.time(), time.monotonic()
-            settings = {
-                name: (e.policy, max(e.version_floor, self._versions.get(name, 0)))
-                for name, e in self._evaluators.items()
-            }
-            write_frame(process.stdin, ("poll", settings))
+            if self._asked is None:
+                # The child's poll starts now: its clocks are its own, these count (read
+                # together, so the offset between the wall and monotonic clocks stays steady
+                # from poll to poll: the evaluation re-evaluates everything when it moves).
+                started_at, started = time.time(), time.monotonic()
+                settings = {
+                    name: (e.policy, max(e.version_floor, self._versions.get(name, 0)))
+                    for name, e in self._evaluators.items()
+                }
+                write_frame(process.stdin, ("poll", settings))
+                self._asked = (started_at, started)
+            else:  # the poll asked before is still unanswered: its answer comes first
+                started_at, started = self._asked
             ready, _, _ = select.select([process.stdout], [], [], self._wait)
-            if not ready:
-                raise TimeoutError(f"no answer in {self._wait:.0f}s")
+            if not ready and process.poll() is None:
+                return self._late(started_at, started)
             result = read_frame(process.stdout)
-        except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
+        except (EOFError, OSError, pickle.UnpicklingError) as exc:
             return self._crashed(started_at, started, exc)
+        if self._unanswered:
+            log.info(
+                "the admin client's process answered the poll asked %.0f s ago",
+                time.monotonic() - started,
+            )
+        self._asked, self._unanswered = None, 0
         if isinstance(result, BaseException):
             self.evaluated, self.evaluation = {}, 0.0
             raise result
@@ -171,17 +196,24 @@ class IsolatedPoller:
         :meth:`gate.poll._poller.RecordReader.read`); nothing while no child runs. A child that
         ends meanwhile is replaced at the next poll."""
         process = self._process
-        if not records or process is None:
-            return {}
+        if not records or process is None or self._asked is not None:
+            return {}  # (a poll's answer is still to come: it must be read first)
         assert process.stdin is not None and process.stdout is not None
         try:
             write_frame(process.stdin, ("times", list(records)))
             wait = RECORD_TIMES_TIMEOUT + 5.0
             ready, _, _ = select.select([process.stdout], [], [], wait)
-            if not ready:
-                raise TimeoutError(f"no answer in {wait:.0f}s")
+            if not ready and process.poll() is None:
+                log.error(
+                    "the admin client's process has not answered a read of record timestamps "
+                    "in %.0f s although it is still running; a new one starts at the next poll",
+                    wait,
+                )
+                self.restarts += 1
+                self._shut()  # (its late answer would be read as the next poll's)
+                return {}
             times = read_frame(process.stdout)
-        except (EOFError, OSError, TimeoutError, pickle.UnpicklingError) as exc:
+        except (EOFError, OSError, pickle.UnpicklingError) as exc:
             self._crashed(time.time(), time.monotonic(), exc)
             return {}
         return times if isinstance(times, dict) else {}
@@ -200,6 +232,36 @@ class IsolatedPoller:
             )
             self.restarts += 1
         self._shut()
+        return self._failed(started_at, started, f"its process ended ({reason}); restarted")
+
+    def _late(self, started_at: float, started: float) -> PollResult:
+        """The child runs but has not answered the poll asked at ``started``: wait for it
+        at the next poll, or replace it once it has let ``patience`` waits pass."""
+        self._unanswered += 1
+        waited = time.monotonic() - started
+        if self._unanswered >= self._patience:
+            log.error(
+                "the admin client's process has not answered a poll in %.0f s although it is "
+                "still running (hung); starting a new one, the last snapshot stays",
+                waited,
+            )
+            self.restarts += 1
+            self._shut()
+            return self._failed(
+                started_at, started, f"its process gave no answer in {waited:.0f} s; replaced"
+            )
+        if self._unanswered == 1:
+            priority = f", at niceness {self._niceness}" if self._niceness else ""
+            log.warning(
+                "the admin client's process has not answered a poll in %.0f s; it is still "
+                "running (a slow cluster, or a machine short of CPU%s): the next poll waits for "
+                "its answer, the last snapshot stays",
+                waited,
+                priority,
+            )
+        return self._failed(started_at, started, "its process has not answered yet; waiting")
+
+    def _failed(self, started_at: float, started: float, error: str) -> PollResult:
         self.evaluated, self.evaluation = {}, 0.0
         return PollResult(
             started_at=started_at,
@@ -209,7 +271,7 @@ class IsolatedPoller:
             committed={},
             failed_groups=self._groups,
             failed_topics=frozenset(self._topics),
-            errors=(f"admin client: its process ended ({reason}); restarted",),
+            errors=(f"admin client: {error}",),
             answered=False,
             monotonic=started,
         )
@@ -225,6 +287,7 @@ class IsolatedPoller:
 
     def _shut(self) -> None:
         process, self._process = self._process, None
+        self._asked, self._unanswered = None, 0
         if process is None:
             return
         with contextlib.suppress(Exception):

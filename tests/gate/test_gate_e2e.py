@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -493,6 +494,66 @@ def test_an_aborted_admin_client_costs_one_poll(kafka: Kafka) -> None:
         assert again.committed[group] == {(topic, 0): 7} and poller.restarts == 1
     finally:
         poller.close()
+
+
+def test_a_slow_admin_client_is_waited_for_and_a_hung_one_replaced(
+    kafka: Kafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child that runs but does not answer in time (here stopped; on a machine short of
+    CPU, a child at a lower priority) is slow, not gone: that poll fails ("not answered
+    yet"), the next one waits for the same answer instead of asking a new child to start from
+    nothing, and the answer, when it comes, is used. Only a child that lets ``patience`` waits
+    pass in a row is replaced."""
+    import os
+    import signal
+
+    from gate.poll._isolated import IsolatedPoller
+
+    topic = kafka.create_topic(1)
+    group = unique("CG")
+    kafka.commit(group, topic, {0: 7})
+    caplog.set_level(logging.INFO, "gate.poller")
+    poller = IsolatedPoller(
+        {"bootstrap.servers": kafka.bootstrap}, {group: [topic]}, answer_wait=1.5, patience=3
+    )
+    child = None
+    try:
+        assert poller.poll().committed[group] == {(topic, 0): 7}
+        child = poller.pid
+        assert child is not None
+        os.kill(child, signal.SIGSTOP)
+        kafka.commit(group, topic, {0: 9})
+        late = poller.poll()
+        assert not late.answered and late.failed_groups == {group}
+        assert late.errors == ("admin client: its process has not answered yet; waiting",)
+        assert poller.record_times([]) == {} and poller.pid == child
+        os.kill(child, signal.SIGCONT)
+        answered = poller.poll()  # the answer to the poll asked before
+        assert answered.answered and answered.committed[group] == {(topic, 0): 9}
+        assert answered.started_at == late.started_at  # its age counts from when it was asked
+        assert poller.pid == child and poller.restarts == 0
+        assert poller.poll().committed[group] == {(topic, 0): 9}  # asked afresh
+
+        os.kill(child, signal.SIGSTOP)
+        errors = [poller.poll().errors for _ in range(3)]
+        assert errors[:2] == [("admin client: its process has not answered yet; waiting",)] * 2
+        assert "gave no answer in" in errors[2][0] and "replaced" in errors[2][0]
+        assert poller.restarts == 1 and poller.pid is None
+        again = poller.poll()
+        assert again.answered and again.committed[group] == {(topic, 0): 9}
+        assert poller.pid not in (None, child)
+    finally:
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGCONT)
+        poller.close()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "gate.poller"]
+    assert [level for level, m in said if "has not answered a poll" in m] == [
+        "WARNING",  # once for each late answer
+        "WARNING",
+        "ERROR",  # replaced
+    ]
+    assert any(level == "INFO" and "answered the poll asked" in m for level, m in said)
 
 
 def test_polls_through_the_child_process_stay_incremental(kafka: Kafka) -> None:
