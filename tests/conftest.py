@@ -95,6 +95,12 @@ def spark_master(item: pytest.Item) -> str:
     return "local-cluster" if item.path.name == "test_spark_cluster.py" else "local"
 
 
+SPARK_WORKER_LATE = pytest.mark.flaky(reruns=1, only_rerun=["Python worker failed to connect back"])
+"""A Spark test runs once more (pytest-rerunfailures) when, and only when, Spark gave up on a
+Python worker it started: it waits a fixed 10 s for one to connect back (not configurable),
+which a saturated machine can exceed (the worker needs about 0.4 s of CPU to get there)."""
+
+
 FIRST = ("spark", "faults", "tests/test_docs.py", "tests/sdk/test_outputs.py")
 """The longest groups, handed out first (in this order): pytest-xdist gives each process
 the next group when it runs out, so one of these begun last would finish long after the
@@ -124,6 +130,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = item.path.relative_to(config.rootpath).as_posix()
         groups[item] = xdist_group(path)
         item.add_marker(pytest.mark.xdist_group(groups[item]))
+        if groups[item] == "spark":
+            item.add_marker(SPARK_WORKER_LATE)
     rank = {group: place for place, group in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(groups[item], len(FIRST)))  # (stable)
     # The Spark tests share one session per master (tests/sdk/test_spark.py): one after the
