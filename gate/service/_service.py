@@ -342,14 +342,16 @@ class GateService:
         service ready: that shows in the gate's own answers, status and metrics. ``now`` is
         on the monotonic clock."""
         now = time.monotonic() if now is None else now
+        last = self.last_poll
+        why = f" (the last poll: {'; '.join(last.errors)})" if last and last.errors else ""
         if self.answered_at is None:
-            if self.last_poll is None:
+            if last is None:
                 return False, "no poll cycle completed yet"
-            return False, "the cluster has not answered a poll yet"
+            return False, f"the cluster has not answered a poll yet{why}"
         age = max(0.0, now - self.answered_at)
         limit = self.stale_after
         if age > limit:
-            return False, f"the cluster has not answered for {age:.1f}s (limit {limit:.1f}s)"
+            return False, f"the cluster has not answered for {age:.1f}s (limit {limit:.1f}s){why}"
         detail = f"the cluster answered {age:.1f}s ago"
         if self.failing:
             detail += f"; the last poll did not refresh: {', '.join(self.failing)} (see /status)"

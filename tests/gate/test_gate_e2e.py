@@ -241,7 +241,12 @@ def test_kafka_outage_keeps_the_last_snapshot_and_recovers(local_broker: LocalBr
                 ).status_code
                 == 200
             )
-            assert httpx.get(f"{url}/status").json()["last_poll"]["errors"]
+            errors = httpx.get(f"{url}/status").json()["last_poll"]["errors"]
+            assert errors
+            # /readyz says why the cluster has not answered: what the last poll met.
+            detail = httpx.get(f"{url}/readyz").json()["detail"]
+            assert detail.startswith("the cluster has not answered for"), detail
+            assert "(the last poll: " in detail, detail
             # The verdict no longer passes the last snapshot's off as news, on the stream too.
             verdict = httpx.get(f"{url}/status/a").json()["verdict"]
             assert verdict["state"] == "unknown", verdict
