@@ -66,6 +66,7 @@ import asyncio
 import gc
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -485,15 +486,22 @@ class ShellMachine(RuleBasedStateMachine):
 
     OUTCOMES = st.sampled_from(["ok", "ok", "retry", "terminal", "cancelled", "refused"])
 
-    def handler(self, data: st.DataObject | None, outcome: str | None = None) -> Any:
+    def handler(
+        self,
+        data: st.DataObject | None,
+        outcome: str | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> Any:
         """A handler for ``SimWorker``: checks that the records may run now, then draws what
-        happens (or does ``outcome``)."""
+        happens (or does ``outcome``); ``meanwhile`` happens while it runs (after it started)."""
 
         def handle(entries: list[Entry], argument: Any) -> Any:
             along = {(e.tp, e.offset) for e in entries} if len(entries) > 1 else frozenset()
             for entry in entries:
                 self.started(None, [entry])  # the worker starts it now
                 self.check_order(entry, along)
+            if meanwhile is not None:
+                meanwhile()
             happens = outcome or (data.draw(self.OUTCOMES) if data is not None else "ok")
             if happens == "ok":
                 self.done.update((e.tp, e.offset) for e in entries)
@@ -740,15 +748,15 @@ class ShellMachine(RuleBasedStateMachine):
         worker = engine.runner.start(item)
         if worker is None or worker.ended or worker.next_entry() is None:
             return
-        succeed = self.handler(data, "ok")
         sim = engine.sim
 
-        def lost_meanwhile(entries: list[Entry], record: Any) -> Any:
+        def lost() -> None:
             sim.rebalance("lost", set(sim.assignment))
             self.turn()  # (the loop serves the loss)
-            return succeed(entries, record)
 
-        worker.step(lost_meanwhile)
+        # (Whether the record may start is checked when it starts, before the loss: the loss
+        # forgets the dead-letter copies its partitions awaited, which let it start.)
+        worker.step(self.handler(data, "ok", meanwhile=lost))
         del running, item, worker
         if self.engine is engine:
             everything = {(TOPIC, p) for p in range(PARTITIONS)}
