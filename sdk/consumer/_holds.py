@@ -82,8 +82,13 @@ def log_hold(gate: Gate, tp: TP, offset: int, held_for: float) -> None:
     waiting = why.get("waiting_for")
     if waiting:
         detail = ", ".join(_behind(w) for w in waiting)
+    elif why["snapshot_version"] is None:
+        errors = [f"{name}: {s['error']}" for name, s in why["sources"].items() if s["error"]]
+        detail = "a first snapshot (none yet from its sources" + (
+            f"; {'; '.join(errors)})" if errors else ")"
+        )
     elif why["watermark"] is None:
-        detail = "a watermark (none yet: a dependency has not committed there, or no snapshot)"
+        detail = "a watermark (none there yet: a dependency has not committed there)"
     else:
         detail = f"the watermark to pass it (at {why['watermark']})"
     log.warning(

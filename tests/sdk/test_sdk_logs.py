@@ -113,7 +113,8 @@ def test_a_long_hold_is_told(kafka: Kafka, caplog: pytest.LogCaptureFixture) -> 
 def test_a_hold_on_a_group_that_never_committed_says_so(
     kafka: Kafka, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """No watermark yet: the line says which group has no committed offset, never 'None'."""
+    """No watermark yet: the line says which group has no committed offset, never 'None';
+    before the gate's first snapshot (a slow first poll), that there is none yet."""
     caplog.set_level(logging.INFO, logger="sdk")
     topic = kafka.create_topic(1)
     dependency = unique("dep")
@@ -129,6 +130,38 @@ def test_a_hold_on_a_group_that_never_committed_says_so(
     consumer.start()
     try:
         wait_until(
+            lambda: any(
+                f"{dependency} (no committed offset there)" in line
+                for line in _lines(caplog, "sdk", logging.WARNING)
+            ),
+            timeout=30,
+            what="a line naming the group the hold waits for",
+        )
+    finally:
+        consumer.stop(timeout=10)
+    held = [line for line in _lines(caplog, "sdk", logging.WARNING) if "held for" in line]
+    first = [line for line in held if "waiting for a first snapshot (none yet" in line]
+    assert held[: len(first)] == first, held  # any such line came before the snapshot
+    assert all(f"{dependency} (no committed offset there)" in line for line in held[len(first) :])
+    assert "None" not in " ".join(_lines(caplog, "sdk", logging.INFO)), held
+
+
+def test_a_hold_before_any_snapshot_says_none_came_and_why(
+    kafka: Kafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gate whose only source never answers: the hold's line says no snapshot came yet and
+    what its source met, not that a dependency has not committed."""
+    caplog.set_level(logging.INFO, logger="sdk")
+    topic = kafka.create_topic(1)
+    kafka.produce(topic, {0: 3})
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    gate = Gate("a", [HttpSource(url, timeout=0.5)], hold_log_after=1.0)
+    consumer = ParallelConsumer(
+        _consumer_config(kafka), [topic], lambda record: None, Options(), gate=gate, registry=None
+    )
+    consumer.start()
+    try:
+        wait_until(
             lambda: any("held for" in line for line in _lines(caplog, "sdk", logging.WARNING)),
             timeout=30,
             what="a line about the hold",
@@ -136,8 +169,8 @@ def test_a_hold_on_a_group_that_never_committed_says_so(
     finally:
         consumer.stop(timeout=10)
     held = [line for line in _lines(caplog, "sdk", logging.WARNING) if "held for" in line]
-    assert f"{dependency} (no committed offset there)" in held[0], held
-    assert "None" not in " ".join(_lines(caplog, "sdk", logging.INFO)), held
+    assert "waiting for a first snapshot (none yet from its sources; " in held[0], held
+    assert url in held[0] and "committed" not in held[0], held
 
 
 def test_failing_records_are_summarised_not_logged_per_attempt(
