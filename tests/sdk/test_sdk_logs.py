@@ -110,6 +110,26 @@ def test_a_long_hold_is_told(kafka: Kafka, caplog: pytest.LogCaptureFixture) -> 
     assert f"{topic}[0]" in held[0] and dependency in held[0], held
 
 
+def _held_lines(
+    kafka: Kafka, caplog: pytest.LogCaptureFixture, topic: str, gate: Gate, until: str
+) -> list[str]:
+    """The hold lines a consumer of ``topic`` behind ``gate`` (a no-op handler) logs until one
+    contains ``until``."""
+    consumer = ParallelConsumer(
+        _consumer_config(kafka), [topic], lambda record: None, Options(), gate=gate, registry=None
+    )
+    consumer.start()
+    try:
+        wait_until(
+            lambda: any(until in line for line in _lines(caplog, "sdk", logging.WARNING)),
+            timeout=30,
+            what=f"a hold line saying {until!r}",
+        )
+    finally:
+        consumer.stop(timeout=10)
+    return [line for line in _lines(caplog, "sdk", logging.WARNING) if "held for" in line]
+
+
 def test_a_hold_on_a_group_that_never_committed_says_so(
     kafka: Kafka, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -124,25 +144,11 @@ def test_a_hold_on_a_group_that_never_committed_says_so(
         [EmbeddedSource({"bootstrap.servers": kafka.bootstrap}, [topic], [dependency])],
         hold_log_after=1.0,
     )
-    consumer = ParallelConsumer(
-        _consumer_config(kafka), [topic], lambda record: None, Options(), gate=gate, registry=None
-    )
-    consumer.start()
-    try:
-        wait_until(
-            lambda: any(
-                f"{dependency} (no committed offset there)" in line
-                for line in _lines(caplog, "sdk", logging.WARNING)
-            ),
-            timeout=30,
-            what="a line naming the group the hold waits for",
-        )
-    finally:
-        consumer.stop(timeout=10)
-    held = [line for line in _lines(caplog, "sdk", logging.WARNING) if "held for" in line]
+    named = f"{dependency} (no committed offset there)"
+    held = _held_lines(kafka, caplog, topic, gate, until=named)
     first = [line for line in held if "waiting for a first snapshot (none yet" in line]
     assert held[: len(first)] == first, held  # any such line came before the snapshot
-    assert all(f"{dependency} (no committed offset there)" in line for line in held[len(first) :])
+    assert held[len(first) :] and all(named in line for line in held[len(first) :]), held
     assert "None" not in " ".join(_lines(caplog, "sdk", logging.INFO)), held
 
 
@@ -156,19 +162,7 @@ def test_a_hold_before_any_snapshot_says_none_came_and_why(
     kafka.produce(topic, {0: 3})
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     gate = Gate("a", [HttpSource(url, timeout=0.5)], hold_log_after=1.0)
-    consumer = ParallelConsumer(
-        _consumer_config(kafka), [topic], lambda record: None, Options(), gate=gate, registry=None
-    )
-    consumer.start()
-    try:
-        wait_until(
-            lambda: any("held for" in line for line in _lines(caplog, "sdk", logging.WARNING)),
-            timeout=30,
-            what="a line about the hold",
-        )
-    finally:
-        consumer.stop(timeout=10)
-    held = [line for line in _lines(caplog, "sdk", logging.WARNING) if "held for" in line]
+    held = _held_lines(kafka, caplog, topic, gate, until="held for")
     assert "waiting for a first snapshot (none yet from its sources; " in held[0], held
     assert url in held[0] and "committed" not in held[0], held
 
