@@ -66,13 +66,14 @@ def output_config(
         # outputs lingered can make confluent-kafka's flush raise the fencing oddly: see
         # sdk.produce._producer.kafka_error.)
         config.setdefault("linger.ms", 1)
-        # Only failed deliveries are reported (they break the transaction): no callback runs
-        # for the outputs that arrive.
-        config["delivery.report.only.error"] = True
     elif config.get("transactional.id"):
         raise OptionsError(
             "producer_config: transactional.id is for commit_mode=CommitMode.TRANSACTIONAL"
         )
+    # Only failed deliveries call back (exactly once they break the transaction, at least once
+    # their inputs fail); the outputs that arrive are acknowledged together (see
+    # sdk.produce._deliveries).
+    config["delivery.report.only.error"] = True
     return config
 
 

@@ -1,8 +1,8 @@
 """What reaches the consumer's thread besides records: results, commands and watermarks.
 
-Workers put each item's results in the inbox (or, when its outputs are still on their way,
-the delivery reports served here complete it); callers put commands (stop, pause, resume) and
-the gate's sources a wake-up for a new snapshot. The loop (:class:`~sdk.consumer._loop.
+Workers put each item's results in the inbox (at least once, an item whose outputs are still
+on their way waits here until they are acknowledged); callers put commands (stop, pause,
+resume) and the gate's sources a wake-up for a new snapshot. The loop (:class:`~sdk.consumer._loop.
 ConsumerLoop`) drains it on every turn; while a transaction closes or a revocation waits for
 its partitions' records, only results are applied and commands wait for the next turn.
 """
@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sdk")
 
+_ACKNOWLEDGE_WITHIN = 0.05
+"""At least once: seconds items with outputs wait, while workers keep producing, before the
+workers pause so that the outputs on their way are acknowledged together."""
+_PAUSE_AT_MOST = 0.25
+"""At least once: seconds such a pause lasts at most (see ``Inbox._acknowledge``)."""
+
 
 class Inbox:
     """The inbox side of :class:`~sdk.consumer._loop.ConsumerLoop` (on the consumer's
@@ -44,6 +50,8 @@ class Inbox:
     _inbox: queue.SimpleQueue[tuple[Any, ...]]
     _outputs: Outputs
     _acknowledging: dict[int, Awaiting]
+    _acknowledging_since: float  # (monotonic) when the oldest item waiting came
+    _paused_at: float  # (monotonic) when workers last paused for acknowledgements
     _deferred: deque[tuple[Any, ...]]
     _consumer: Consumer | None
     _dead_letters: DeadLetters | None
@@ -100,31 +108,46 @@ class Inbox:
     def _completed(self, message: tuple[Any, ...], now: float) -> None:
         _, item_id, results, seconds, count = message
         self._sizer.observe(seconds, count)
-        if type(results) is Awaiting:
-            deliveries = results.deliveries
-            if not deliveries.settled:
-                self._acknowledging[item_id] = results  # its outputs are on their way
-                deliveries.item = item_id  # the report that completes it settles it
-                if not deliveries.settled or self._acknowledging.pop(item_id, None) is None:
-                    return  # (its last report may have been served meanwhile, elsewhere)
-            results = results.settle()
+        if type(results) is Awaiting:  # its outputs are on their way (see _acknowledge)
+            if not self._acknowledging:
+                self._acknowledging_since = self._mono()
+            self._acknowledging[item_id] = results
+            return
         self._apply(item_id, results, now)
 
-    def _serve_outputs(self, now: float) -> None:
-        """Serve the producer's delivery reports (when due); items whose outputs are all
-        acknowledged (or failed) are done (their failures applied)."""
+    def _serve_outputs(self, now: float, hurry: bool = False) -> None:
+        """Serve the producer's delivery reports (when due); at least once, the items whose
+        outputs wait are done once they are all acknowledged (their failures applied)."""
         try:
-            settled = self._outputs.poll(bool(self.core.outstanding))
+            self._outputs.poll(bool(self.core.outstanding))
+            if self._acknowledging:
+                self._acknowledge(now, hurry)
         except KafkaException as exc:  # a fatal error of the producer, raised by its poll
             self._output_producer_failed(exc)
-            return
-        if settled:
-            acknowledging = self._acknowledging
-            for deliveries in settled:
-                item_id = deliveries.item
-                results = acknowledging.pop(item_id, None)  # type: ignore[arg-type]
-                if results is not None:  # (else applied already)
-                    self._apply(item_id, results.settle(), now)  # type: ignore[arg-type]
+
+    def _acknowledge(self, now: float, hurry: bool) -> None:
+        """At least once: every item waiting settles once the producer holds no output that
+        is neither acknowledged nor reported failed. Workers that keep producing keep some
+        there, so after ``_ACKNOWLEDGE_WITHIN`` (at once with ``hurry``: a revocation waits)
+        they pause (start no further record) until it is empty, for ``_PAUSE_AT_MOST`` at
+        most (a broker slow to acknowledge must not stop records without outputs for long);
+        then they go on for another ``_ACKNOWLEDGE_WITHIN`` before the next pause."""
+        outputs, core = self._outputs, self.core
+        pause = outputs.pause
+        mono = self._mono()
+        if not pause.closing and (hurry or mono - self._acknowledging_since >= _ACKNOWLEDGE_WITHIN):
+            pause.closing = True
+            self._paused_at = mono
+        running = len(core.outstanding) > len(self._acknowledging)
+        drain = not running and (pause.closing or not core.has_ready(now))
+        if outputs.acknowledged(drain):
+            pause.closing = False
+            acknowledging, self._acknowledging = self._acknowledging, {}
+            for item_id, results in acknowledging.items():
+                self._apply(item_id, results.settle(), now)
+        elif pause.closing and not hurry and mono - self._paused_at >= _PAUSE_AT_MOST:
+            pause.closing = False
+            self._acknowledging_since = mono
 
     def _output_producer_failed(self, exc: KafkaException) -> None:
         """The producer of outputs failed for good. Transactional: the committer decides
@@ -172,7 +195,7 @@ class Inbox:
                 return
             if self._dead_letters is not None:
                 self._dead_letters.poll()
-            self._serve_outputs(self._time())
+            self._serve_outputs(self._time(), hurry=True)
             try:
                 message = self._inbox.get(timeout=0.01)
             except queue.Empty:

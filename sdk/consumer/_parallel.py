@@ -115,6 +115,8 @@ class ParallelConsumer(Clients):
         self._sizer = ItemSizer(options)
         self._outputs = Outputs(self._new_output_producer, self.transactional)
         self._acknowledging: dict[int, Awaiting] = {}  # items whose outputs are on their way
+        self._acknowledging_since = 0.0
+        self._paused_at = 0.0
         self._committer: Committer
         if self.transactional:
             self._committer = TransactionalCommitter(

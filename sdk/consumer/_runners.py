@@ -273,14 +273,14 @@ class AsyncRunner:
         failed = False
         deliveries = work.deliveries()
         lock = work.transaction_lock
-        # At least once: the records whose outputs wait for their delivery reports.
+        pause = None if work.outputs is None else work.outputs.pause  # set: start no more
+        # At least once: the records whose outputs wait for their acknowledgement.
         waiting: list[Any] | tuple[()] = () if deliveries is None or lock else deliveries.sent
+        halted = False  # the pause (or lock) closed: no further record starts, even once open
         for entry in item.entries:
-            if (
-                (stopped and work.stopped(entry, stopped))
-                or not work.may_start(entry)
-                or (lock is not None and lock.closing and results)
-            ):
+            if pause is not None and pause.closing and results:
+                halted = True
+            if halted or (stopped and work.stopped(entry, stopped)) or not work.may_start(entry):
                 results.append(NOT_STARTED)
                 failed = True
                 continue

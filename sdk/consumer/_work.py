@@ -11,8 +11,10 @@ from their threads or their event loop.
 
 Outputs are produced as the handler returns them, all of an item's with one delivery
 callback (:mod:`sdk.produce._deliveries`): at least once, an item with outputs is returned as
-:class:`~sdk.produce._deliveries.Awaiting`, which the consumer's thread keeps aside until their
-delivery reports are in.
+:class:`~sdk.produce._deliveries.Awaiting`, which the consumer's thread keeps aside until its
+outputs are acknowledged. While the producer's pause (at least once) or the transaction lock
+(exactly once) is closing, a running item starts no further record (the rest go back
+unstarted, in order).
 
 A failure's traceback is dropped once it was logged and shown to the ``on_failure`` hook: it
 holds the worker's frames, whose locals hold the item's records, so a kept exception would
@@ -31,7 +33,7 @@ from sdk.engine._failures import DecodeError, RetriableError, TerminalError, des
 from sdk.engine._options import Options
 from sdk.engine._record import Record
 from sdk.engine._shards import NOT_STARTED, Entry, Item
-from sdk.produce._deliveries import Awaiting, Deliveries, TransactionLock
+from sdk.produce._deliveries import Awaiting, Deliveries, Pause, TransactionLock
 from sdk.produce._output import Output, ProduceError, outputs_of
 from sdk.produce._producer import Outputs
 
@@ -133,22 +135,26 @@ class Work:
         may_start = self.may_start
         outputs = self.outputs
         lock: TransactionLock | None = None
+        pause: TransactionLock | Pause | None = None  # set: start no further record
         deliveries: Deliveries | None = None
         callback: Callable[[Any, Any], None] | None = None
         waiting: list[Any] | tuple[()] = ()  # at least once: the records whose outputs wait
         if outputs is not None:
             deliveries = Deliveries(outputs)
             callback = deliveries.delivered  # (one for every output of the item)
-            lock = outputs.lock
+            lock, pause = outputs.lock, outputs.pause
             if lock is None:
                 waiting = deliveries.sent
+        halted = False  # the pause (or lock) closed: no further record starts, even once open
         for entry in entries:
             part = entry.part
+            if pause is not None and pause.closing and results:
+                halted = True
             if (
-                part.revoked
+                halted
+                or part.revoked
                 or (stopped and self.stopped(entry, stopped))
                 or ((part.limit is not None or part.map_cap is not None) and not may_start(entry))
-                or (lock is not None and lock.closing and results)
             ):
                 append(NOT_STARTED)
                 failed = True  # (what ``item.finished`` counts ends here)
@@ -255,7 +261,7 @@ class Work:
         given: dict[int, Any],
         errors: dict[int, str],
     ) -> None:
-        """Apply the delivery reports of an item's outputs: an input whose outputs failed
+        """Apply the failed deliveries of an item's outputs: an input whose outputs failed
         fails, and the records of its shard after it in the item go back unstarted (they run
         again after it, so their outputs keep the order of their inputs)."""
         if not errors:

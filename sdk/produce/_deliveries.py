@@ -1,21 +1,24 @@
-"""What a work item's outputs wait for: their delivery reports, and the transaction lock.
+"""What a work item's outputs wait for: their acknowledgement, and the transaction lock.
 
-Every output of one work item is produced with the same delivery callback: the bound
-:meth:`Deliveries.delivered` of the item's :class:`Deliveries`, made once per item. Nothing is
-made per output or per record but one entry in :attr:`Deliveries.sent` (the index of the
-record or batch call, what the handler was given, and its outputs), so that a failed delivery
-can be traced back to its input.
+The producer of outputs reports failed deliveries only (``delivery.report.only.error``), in
+both commit modes: every output of one work item is produced with the same delivery callback,
+the bound :meth:`Deliveries.delivered` of the item's :class:`Deliveries`, made once per item,
+which runs only for an output whose delivery failed. Nothing is made per output or per record
+but one entry in :attr:`Deliveries.sent` (the index of the record or batch call, what the
+handler was given, and its outputs), so that a failed delivery can be traced back to its
+input.
 
-- **At least once** (``CommitMode.CONSUMER``): an item whose records produced outputs counts
-  them, and the consumer's thread keeps its results aside (:class:`Awaiting`) until every
-  report arrived. The reports are served by one thread at a time, a worker after its item or
-  the consumer's thread (:meth:`~sdk.produce._output.Outputs.serve`): a successful report only adds
-  one to the item's count; once the count reaches the outputs produced and the consumer's
-  thread waits for the item, the report puts it on the settled list, which that thread takes
-  on its next turn (no item is looked at before all its reports are in).
-- **Exactly once** (``CommitMode.TRANSACTIONAL``): the producer reports failed deliveries only
-  (``delivery.report.only.error``): a report breaks the open transaction and blames the inputs
-  it came from (:meth:`~sdk.produce._output.Outputs.break_transaction`). The reports are served when
+- **At least once** (``CommitMode.CONSUMER``): the consumer's thread keeps the results of an
+  item whose records produced outputs aside (:class:`Awaiting`) until the producer holds no
+  output that is neither acknowledged nor reported failed
+  (:meth:`~sdk.produce._producer.Outputs.acknowledged`): every item kept aside then settles
+  at once, each with the failures its callback noted. Outputs are acknowledged together
+  rather than report by report (a report costs the interpreter's lock and a message object
+  in confluent-kafka): when items have waited a while (or a revocation waits for them), a
+  :class:`Pause` has workers start no further record, so the producer's queue empties.
+- **Exactly once** (``CommitMode.TRANSACTIONAL``): a failed delivery breaks the open
+  transaction and blames the inputs it came from
+  (:meth:`~sdk.produce._output.Outputs.break_transaction`). The reports are served when
   the transaction closes, so whatever an item notes for them lives as long as the
   transaction: nothing is noted while transactions commit (the first failed delivery breaks
   its transaction untraced), and from then until a transaction commits again each record
@@ -33,7 +36,6 @@ producer might report an output altered), every record of the item with outputs 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,43 +49,35 @@ Source = tuple[str, int, int]
 
 
 class Reported(Protocol):
-    """Where an item's delivery reports go: the engine's producer of outputs
+    """Where an item's failed deliveries go: the engine's producer of outputs
     (:class:`~sdk.produce._output.Outputs`)."""
 
     transactional: bool
     tracing: bool  # exactly once: records note where their outputs come from
-    settled: deque[Deliveries]  # at least once: items whose reports are all in
 
     def break_transaction(self, sources: list[Source], why: str) -> None: ...
 
 
 class Deliveries:
-    """The delivery reports of one work item's outputs (see the module's docstring).
+    """The failed deliveries of one work item's outputs (see the module's docstring).
 
-    Workers append to :attr:`sent` before producing an output, and add to :attr:`expected`
-    after; the reports are served by one thread at a time. :attr:`item` is set by the
-    consumer's thread when the item's results wait for the reports (the count is final by
-    then), and the report that completes the count puts the item on the settled list; the
-    consumer's thread looks at the count again after setting it, since that report may have
-    been served just before."""
+    Workers append to :attr:`sent` before producing an output; the failure reports are
+    served by one thread at a time, and noted in :attr:`errors` by record (or call)."""
 
-    __slots__ = ("_calls", "_outputs", "errors", "expected", "item", "reports", "sent")
+    __slots__ = ("_calls", "_outputs", "errors", "sent")
 
     def __init__(self, outputs: Reported) -> None:
         self._outputs = outputs
         # Each record's (or call's) index, what it was given and its outputs, appended by the
         # worker before they are produced. At least once: its entry (or the records of a
         # batch) and its ``Output``s (a lone ``Output`` stands for itself, not wrapped in a
-        # sequence), kept until the item settles, a few milliseconds.
+        # sequence), kept until the item settles.
         # Exactly once, where the reports are served when the transaction closes: only the
         # inputs' sources and the outputs' topic, key and value, in plain tuples (which the
         # garbage collector stops tracking), so that a transaction's worth of them costs it
         # nothing.
         self.sent: list[tuple[int, Any, Any]] = []
-        self.expected = 0  # outputs produced (the worker's count)
-        self.reports = 0  # delivery reports served (the consumer's thread)
         self.errors: dict[int, str] = {}  # failed deliveries, by record (or call) index
-        self.item: int | None = None
         self._calls = 0
 
     def new_call(self) -> int:
@@ -92,21 +86,14 @@ class Deliveries:
         return self._calls
 
     def delivered(self, error: KafkaError | None, message: Any) -> None:
-        """The delivery callback of every output of the item."""
-        self.reports += 1
+        """The delivery callback of every output of the item (called for failures only)."""
         if error is not None:
             self._failed(error.str(), message)
-        if self.reports == self.expected and self.item is not None:
-            self._outputs.settled.append(self)
-
-    @property
-    def settled(self) -> bool:
-        """Every output produced has its report (once the worker is done with the item)."""
-        return self.reports >= self.expected
 
     @property
     def awaited(self) -> bool:
-        """At least once: some records have outputs, so the item waits for their reports."""
+        """At least once: some records have outputs, so the item waits for them to be
+        acknowledged."""
         return bool(self.sent) and not self._outputs.transactional
 
     def given(self) -> dict[int, Any]:
@@ -173,9 +160,8 @@ def _fields(output: Any) -> tuple[Any, Any, Any]:
 
 class Awaiting(list[Any]):
     """An item's results whose records with outputs count as done only once their outputs
-    are acknowledged: the consumer's thread keeps them aside until :attr:`deliveries` are
-    settled, then :meth:`settle` applies the failures (serving delivery reports is its job:
-    no worker waits for them)."""
+    are acknowledged: the consumer's thread keeps them aside until every output produced so
+    far is, then :meth:`settle` applies the failures (no worker waits for them)."""
 
     def __init__(
         self,
@@ -193,6 +179,18 @@ class Awaiting(list[Any]):
         if errors:
             self._settle(results, errors)
         return results
+
+
+class Pause:
+    """At least once: while :attr:`closing` is set, workers start no further record of their
+    items (the rest go back unstarted, in order), so that the producer's queue empties and the
+    outputs waiting are acknowledged together. Read by workers before each record without a
+    lock, as :attr:`TransactionLock.closing` is exactly once."""
+
+    __slots__ = ("closing",)
+
+    def __init__(self) -> None:
+        self.closing = False
 
 
 class TransactionLock:

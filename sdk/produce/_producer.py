@@ -1,11 +1,12 @@
 """The engine's producer of handler outputs (and, exactly once, of dead-letter copies).
 
 Workers send an item's outputs through :class:`Outputs` as the handler returns them (see
-:mod:`sdk.produce._output` for what the two commit modes make of them); the consumer's thread
-serves the delivery reports, or a worker that finds the producer's queue full does. At least
-once, an item whose outputs all have their reports is settled (:mod:`sdk.produce._deliveries`);
-exactly once, the outputs belong to the open transaction, and an output whose delivery failed
-breaks it (the transaction is aborted and its inputs run again).
+:mod:`sdk.produce._deliveries` for what the two commit modes make of them); the consumer's
+thread and the workers serve the delivery reports (of failed deliveries only). At least once,
+the items waiting settle together once the producer holds no output that is neither
+acknowledged nor reported failed (:meth:`Outputs.acknowledged`); exactly once, the outputs
+belong to the open transaction, and an output whose delivery failed breaks it (the
+transaction is aborted and its inputs run again).
 """
 
 from __future__ import annotations
@@ -14,20 +15,22 @@ import logging
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from sdk.produce._deliveries import Deliveries, Source, TransactionLock, sources_of
+from sdk.produce._deliveries import Deliveries, Pause, Source, TransactionLock, sources_of
 from sdk.produce._output import Headers, Output
 
 log = logging.getLogger("sdk")
 
 _QUEUE_FULL_WAIT = 30.0
 """Seconds a worker waits for room in the producer's queue before the input fails."""
+_DRAIN_WAIT = 0.005
+"""At least once: seconds the consumer's thread waits at most, with nothing running, for the
+outputs on their way to be acknowledged (a flush, which sends what lingers at once)."""
 _SERVE_TRANSACTION_AT = 10_000
 """Exactly once: outputs produced since the reports were last served before the consumer's
 thread serves them between two closes of the transaction (librdkafka's queue holds 100,000
@@ -41,6 +44,9 @@ class Outputs:
     def __init__(self, new_producer: Callable[[], Producer], transactional: bool) -> None:
         self.transactional = transactional
         self.lock: TransactionLock | None = TransactionLock() if transactional else None
+        # What workers look at before each record: the transaction lock exactly once, the
+        # acknowledgement pause at least once (see sdk.produce._deliveries).
+        self.pause: TransactionLock | Pause = self.lock if self.lock is not None else Pause()
         self._new_producer = new_producer
         self._producer: Producer | None = None
         self._opening = threading.Lock()
@@ -58,9 +64,6 @@ class Outputs:
         # collector dearly), but from a failed delivery that could not be traced back to its
         # input until a transaction commits again.
         self.tracing = False
-        # At least once: the items whose outputs all have their delivery reports, for the
-        # consumer's thread to take (whichever thread served the reports).
-        self.settled: deque[Deliveries] = deque()
         self._serving = threading.Lock()  # one thread serves delivery reports at a time
         self._served_elsewhere = False  # a worker served them since the consumer's last turn
         self.unserved = 0  # transactional: outputs produced since reports were last served
@@ -89,11 +92,10 @@ class Outputs:
         with self._opening:
             self._producer = None
 
-    def poll(self, running: bool) -> list[Deliveries]:
+    def poll(self, running: bool) -> None:
         """On the consumer's thread, every turn of its loop: serve delivery reports when they
-        are due (see :meth:`serve`), and return the items whose outputs all have their reports
-        now (at least once). ``running``: whether items are in flight. A fatal error of the
-        producer is raised here, wherever the poll that met it ran."""
+        are due (see :meth:`serve`). ``running``: whether items are in flight. A fatal error
+        of the producer is raised here, wherever the poll that met it ran."""
         failure = self.failure
         if failure is not None:
             self.failure = None
@@ -109,21 +111,39 @@ class Outputs:
                 self._served_elsewhere = False
             else:
                 self._serve(producer)
-        settled = self.settled
-        found = []
-        while settled:
-            found.append(settled.popleft())
-        return found
+
+    def acknowledged(self, drain: bool) -> bool:
+        """At least once, on the consumer's thread: whether every output produced so far is
+        acknowledged or its failure reported (and its callback run): the producer's queue
+        holds none (confluent-kafka counts an output there until its report, failed or not,
+        is served). The reports are served first; with ``drain`` (nothing runs), the
+        producer is flushed for up to ``_DRAIN_WAIT`` (a flush sends what lingers at once).
+        False while another thread serves reports."""
+        producer = self._producer
+        if producer is None:
+            return True
+        if not self._serving.acquire(blocking=False):
+            return False
+        try:
+            if drain:
+                producer.flush(_DRAIN_WAIT)
+            else:
+                producer.poll(0)
+            return len(producer) == 0
+        except:  # noqa: E722 (what is no exception too: see kafka_error)
+            raise_as_kafka_exception()
+        finally:
+            self._serving.release()
 
     def serve(self) -> None:
         """Serve the producer's delivery reports from a worker's thread, unless another
         thread is at it (a fatal error is kept for the consumer's thread).
 
         confluent-kafka takes the interpreter's lock back for each report it serves (a
-        callback or not), so serving them costs most where threads compete for that lock:
-        at least once, workers serve them after each item (they have work queued meanwhile)
-        and the consumer's thread only on the turns after which none did; exactly once,
-        where only failed deliveries call back, the close of each transaction serves them
+        callback or not: it filters out the successful ones itself), so serving them costs
+        most where threads compete for that lock: at least once, workers serve them after
+        each item (they have work queued meanwhile) and the consumer's thread only on the
+        turns after which none did; exactly once, the close of each transaction serves them
         (it flushes the producer while workers wait), and the consumer's thread in between
         only when 10,000 outputs wait for theirs or nothing runs."""
         producer = self._producer
@@ -197,7 +217,6 @@ class Outputs:
                 problem = f"producing to {topic}: {_text(exc)}"
                 return self._failed(problem, sent, deliveries, given)
             sent += 1
-        deliveries.expected += sent
         self.produced += sent  # (a statistic: an increment lost to a race is harmless)
         if self.transactional:
             self.in_transaction += sent
@@ -231,7 +250,6 @@ class Outputs:
             if not transactional:
                 deliveries.sent.pop()  # (nothing was produced: no report comes for it)
             return self.send((output,), deliveries, callback, index, given)
-        deliveries.expected += 1
         self.produced += 1  # (statistics and thresholds: see send)
         if transactional:
             self.in_transaction += 1
@@ -283,7 +301,6 @@ class Outputs:
         return f"the producer's queue stayed full producing to {topic}"
 
     def _failed(self, problem: str, sent: int, deliveries: Deliveries, given: Any) -> str:
-        deliveries.expected += sent  # (their reports come all the same)
         with self._counting:
             self.failures += 1
         if self.transactional and sent:

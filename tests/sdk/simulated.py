@@ -23,7 +23,8 @@ Handler outputs go through the engine's own code: a ``SimWorker`` runs an item r
 record as ``Work.run`` does, producing what a handler returns with ``Work.emit`` (the engine's
 ``Outputs``) and applying delivery reports with ``Work.acknowledged``. ``SimOutputProducer``
 stands for librdkafka's producer of outputs: delivery reports arrive only when the test
-delivers them (the ``Outputs`` polling thread is not started), and transactions follow
+delivers them (a flush of less than a second waits for none; only failed ones call back, as
+``delivery.report.only.error`` has confluent-kafka do), and transactions follow
 librdkafka's rules: ``commit_transaction`` flushes first and fails (abortable) when a delivery
 of the transaction failed, ``abort_transaction`` purges what is in flight, a producer fenced by
 a newer one with its ``transactional.id`` fails for good. ``Transactions`` is the broker's
@@ -586,6 +587,8 @@ class SimOutputProducer:
         self.calls: list[str] = []
         self.connected = False
         self.late: list[Written] = []  # timed out in a transaction: may land in the next one
+        # confluent-kafka calls back for failed deliveries only (it serves the others quietly)
+        self.only_error = bool(config.get("delivery.report.only.error"))
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -680,7 +683,8 @@ class SimOutputProducer:
     ) -> None:
         if ok and not self.fenced and self.fatal is None:
             self.transactions.write(written)
-            delivered(None, Delivered(written))
+            if not self.only_error:
+                delivered(None, Delivered(written))
             return
         if self.fenced and error is None:
             self.knows_fenced = True
@@ -700,6 +704,8 @@ class SimOutputProducer:
         self.connected = True  # (the engine connects it when it opens: a metadata request)
 
     def flush(self, timeout: float = 0) -> int:
+        if timeout < 1:  # (a short wait: the broker answers when the test delivers)
+            return len(self.pending)
         down = self.transactions.down
         self.deliver([written.topic not in down for written, _ in self.pending])
         return 0
@@ -837,7 +843,7 @@ class SimOutputs(Outputs):
 class SimWorker:
     """A worker running one item step by step, as ``Work.run`` and ``Batches.run`` do,
     with the engine's own ``Work``: outputs are produced by ``Work.emit`` (through the
-    engine's ``Outputs``), delivery reports applied by ``Work.acknowledged``. Handlers are
+    engine's ``Outputs``), failed deliveries applied by ``Work.acknowledged``. Handlers are
     given by the test, per record (or batch): ``handler(entries, record_or_records)``
     returns what the handler returns, or raises."""
 
@@ -848,13 +854,14 @@ class SimWorker:
         self.results: list[Any] = []
         self.stopped: set[object] = set()
         self.failed = False
+        self.halted = False
         self.deliveries = work.deliveries()
         self.ended = False  # it reached the end of its item (it may wait for reports)
         self.batch: tuple[list[Record], list[int]] | None = None
 
     @property
     def awaited(self) -> bool:
-        """At least once: records of the item have outputs waiting for delivery reports."""
+        """At least once: records of the item have outputs waiting for acknowledgement."""
         return self.deliveries is not None and self.deliveries.awaited
 
     @property
@@ -869,11 +876,13 @@ class SimWorker:
         """Look at the next record: run it, or report it not started (returns None)."""
         work, item, results = self.work, self.item, self.results
         entry = item.entries[len(results)]
-        lock = work.transaction_lock
+        pause = None if work.outputs is None else work.outputs.pause  # (lock or pause)
+        if pause is not None and pause.closing and results:
+            self.halted = True  # (the rest of the item stays unstarted, even once it reopens)
         if (
-            (self.stopped and work.stopped(entry, self.stopped))
+            self.halted
+            or (self.stopped and work.stopped(entry, self.stopped))
             or not work.may_start(entry)
-            or (lock is not None and lock.closing and results)
         ):
             results.append(NOT_STARTED)
             self.failed = True

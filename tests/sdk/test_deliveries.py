@@ -1,11 +1,13 @@
-"""The delivery reports of a work item's outputs: one callback for all of them, a count for
-the successes, and a failed report traced back to the record whose output it was (pure
-parts: the engine's use of them is tested through the simulated shell and on real brokers)."""
+"""The delivery reports of a work item's outputs: one callback for all of them (called for
+failures only), a failed report traced back to the record whose output it was, and outputs
+acknowledged together once the producer holds none on its way (pure parts: the engine's use
+of them is tested through the simulated shell and on real brokers)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -52,38 +54,94 @@ def _outputs(transactional: bool = False) -> Outputs:
 def _sent(deliveries: Deliveries, index: int, *outputs: Output) -> None:
     """What ``Outputs.send`` records of one record's outputs."""
     deliveries.sent.append((index, _Record(index), outputs))
-    deliveries.expected += len(outputs)
 
 
 @given(st.lists(st.tuples(st.integers(1, 3), st.booleans()), min_size=1, max_size=20), st.data())
-def test_an_item_is_settled_once_when_its_last_report_arrives(
+def test_failed_reports_in_any_order_fail_exactly_the_records_whose_outputs_failed(
     records: list[tuple[int, bool]], data: st.DataObject
 ) -> None:
-    """Every output shares the item's callback; the item is put on the settled list by the
-    report that completes its count, and only once the consumer's thread waits for it."""
-    outputs = _outputs()
-    deliveries = Deliveries(outputs)
-    reports: list[tuple[int, Output, bool]] = []
+    """Every output shares the item's callback, which confluent-kafka calls for failed
+    deliveries only: whatever their order, the records noted failed are those with a failed
+    output, and their settled results say so."""
+    deliveries = Deliveries(_outputs())
+    failed: list[Output] = []
     for index, (count, ok) in enumerate(records):
         produced = [Output("out", f"{index}.{n}".encode()) for n in range(count)]
         _sent(deliveries, index, *produced)
-        reports += [(index, output, ok or n > 0) for n, output in enumerate(produced)]
-    reports = data.draw(st.permutations(reports))
-    early = data.draw(st.integers(0, len(reports)))  # reports served before the item is waited for
-    for _, output, ok in reports[:early]:
-        deliveries.delivered(None if ok else _Error("gone"), _Message(output))  # type: ignore[arg-type]
-    assert not outputs.settled
-    if deliveries.settled:
-        assert early == len(reports)
-    else:
-        deliveries.item = 7
-        for _, output, ok in reports[early:]:
-            assert not outputs.settled
-            deliveries.delivered(None if ok else _Error("gone"), _Message(output))  # type: ignore[arg-type]
-        assert outputs.poll(True) == [deliveries]
-        assert not outputs.settled
-    assert deliveries.settled
-    assert set(deliveries.errors) == {i for i, (_, ok) in enumerate(records) if not ok}
+        failed += [] if ok else data.draw(st.lists(st.sampled_from(produced), min_size=1))
+    for output in data.draw(st.permutations(failed)):
+        deliveries.delivered(_Error("gone"), _Message(output))  # type: ignore[arg-type]
+    expected = {i for i, (_, ok) in enumerate(records) if not ok}
+    assert set(deliveries.errors) == expected
+
+    def settle(results: list[Any], errors: dict[int, str]) -> None:
+        for index in errors:
+            results[index] = "failed"
+
+    waiting = Awaiting([None] * len(records), deliveries, settle)
+    assert {i for i, result in enumerate(waiting.settle()) if result == "failed"} == expected
+
+
+class _Producer:
+    """Stands for confluent-kafka's producer where ``Outputs.acknowledged`` depends on it: its
+    ``len()`` counts the outputs whose report (failed or not) was not served yet."""
+
+    def __init__(self, on_way: int, failures: list[Any]) -> None:
+        self.on_way = on_way  # outputs not acknowledged yet
+        self.reports = failures  # (callback, output) of failed deliveries to serve
+        self.calls: list[str] = []
+
+    def poll(self, timeout: float) -> int:
+        self.calls.append("poll")
+        return self._serve()
+
+    def flush(self, timeout: float) -> int:
+        self.calls.append("flush")
+        self.on_way = 0  # (what the broker acknowledged meanwhile)
+        self._serve()
+        return len(self)
+
+    def _serve(self) -> int:
+        served = len(self.reports)
+        for callback, output in self.reports:
+            callback(_Error("gone"), _Message(output))
+        self.reports = []
+        return served
+
+    def __len__(self) -> int:
+        return self.on_way + len(self.reports)
+
+
+def _with_producer(producer: _Producer) -> Outputs:
+    outputs = Outputs(lambda: producer, False)  # type: ignore[arg-type,return-value]
+    assert outputs.producer is producer  # type: ignore[comparison-overlap]
+    return outputs
+
+
+@pytest.mark.parametrize("drain", [False, True])
+def test_outputs_count_as_acknowledged_only_once_none_is_on_its_way(drain: bool) -> None:
+    """``acknowledged`` serves the failure reports first (their callbacks run before it says
+    yes), says no while an output is on its way, and flushes only when told to drain."""
+    deliveries = Deliveries(_outputs())
+    output = Output("out", b"1")
+    _sent(deliveries, 0, output)
+    producer = _Producer(on_way=1, failures=[(deliveries.delivered, output)])
+    outputs = _with_producer(producer)
+    assert outputs.acknowledged(drain) is drain  # (a flush waits for the one on its way)
+    assert deliveries.errors == {0: "gone"}
+    assert producer.calls == ["flush" if drain else "poll"]
+    producer.on_way = 0
+    assert outputs.acknowledged(False)
+
+
+def test_outputs_are_not_taken_for_acknowledged_while_another_thread_serves_reports() -> None:
+    """A report being served elsewhere may not have run its callback yet: no answer then."""
+    producer = _Producer(on_way=0, failures=[])
+    outputs = _with_producer(producer)
+    with outputs._serving:
+        assert not outputs.acknowledged(True)
+    assert producer.calls == []
+    assert outputs.acknowledged(True)
 
 
 def test_a_failed_report_fails_the_record_whose_output_it_was() -> None:
@@ -91,10 +149,7 @@ def test_a_failed_report_fails_the_record_whose_output_it_was() -> None:
     first, second, third = Output("out", b"1", "k"), Output("out", "2", "k"), Output("x", b"3")
     _sent(deliveries, 0, first)
     _sent(deliveries, 1, second, third)
-    deliveries.delivered(None, _Message(first))
     deliveries.delivered(_Error("too large"), _Message(second))  # type: ignore[arg-type]
-    deliveries.delivered(None, _Message(third))
-    assert deliveries.settled
     assert deliveries.errors == {1: "too large"}
     seen: list[dict[int, str]] = []
 
@@ -116,8 +171,6 @@ def test_a_lone_output_noted_as_itself_is_traced_back_like_a_sequence() -> None:
     lone, other = Output("out", b"1", "k"), Output("out", b"2", "k")
     deliveries.sent.append((0, _Record(0), lone))
     deliveries.sent.append((1, _Record(1), other))
-    deliveries.expected += 2
-    deliveries.delivered(None, _Message(lone))
     deliveries.delivered(_Error("gone"), _Message(other))  # type: ignore[arg-type]
     assert deliveries.errors == {1: "gone"}
     assert [index for index, _ in deliveries.culprits(_Message(lone))] == [0]

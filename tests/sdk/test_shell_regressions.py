@@ -31,6 +31,7 @@ from sdk.engine._failures import DecodeError
 from sdk.engine._offsets import _varints, encode_offset_map, read_offset_map
 from sdk.engine._options import OptionsError
 from sdk.engine._shards import Entry, Item
+from sdk.produce._producer import Outputs
 from tests.sdk.simulated import (
     Clock,
     Cluster,
@@ -771,6 +772,52 @@ def test_a_worker_does_not_start_records_of_a_partition_revoked_after_they_were_
     assert item.finished == (0 if mode == "batch" else 1)  # (a batch reports at its end)
 
 
+class _PauseClosingOnce:
+    """The producer's pause as a worker sees it when the consumer's thread closes it and
+    opens it again while an item runs: closed at the second look, open from the third."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+
+    @property
+    def closing(self) -> bool:
+        self.looks += 1
+        return self.looks == 2
+
+
+@pytest.mark.parametrize("mode", ["thread", "coroutine"])
+def test_an_item_paused_once_starts_no_further_record_when_the_pause_ends(mode: str) -> None:
+    """At least once the pause opens again while items run (their outputs acknowledged): an
+    item that left a record unstarted for it must leave the rest unstarted too, or a later
+    record of the shard would run before the one sent back."""
+    entries = [_entry(0), _entry(1), _entry(2)]
+    item = Item(1, entries)
+    ran: list[int] = []
+    outputs = Outputs(lambda: None, transactional=False)  # type: ignore[arg-type,return-value]
+    outputs.pause = _PauseClosingOnce()  # type: ignore[assignment]
+    if mode == "coroutine":
+
+        async def handler(record: Any) -> None:
+            ran.append(record.offset)
+
+        work = Work(handler, Options())
+        work.outputs = outputs
+        inbox: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        runner = AsyncRunner(work, 4, inbox)
+        try:
+            runner.submit(item)
+            (done,) = _reports(inbox)
+            results = done[2]
+        finally:
+            runner.close()
+    else:
+        work = Work(lambda record: ran.append(record.offset), Options())
+        work.outputs = outputs
+        results = work.run(item)
+    assert ran == [0], "a record started after one of its shard went back unstarted"
+    assert results == [None, NOT_STARTED, NOT_STARTED]
+
+
 def test_a_wall_clock_set_back_does_not_delay_parked_retries() -> None:
     """The core's timers run on a clock that never steps: the engine reads a monotonic clock
     for them, and the wall clock only dates records (process delay) and stats. A wall clock
@@ -1345,3 +1392,62 @@ def test_a_consumer_told_not_to_commit_when_idle_commits_on_its_interval_only() 
     assert shell.committed() is None
     shell.turn(seconds=60)
     assert shell.committed() == 3
+
+
+def test_workers_that_keep_producing_pause_until_the_outputs_waiting_are_acknowledged() -> None:
+    """At least once, an item with outputs waits until the producer holds none on its way,
+    and workers that keep producing always leave some there: once items have waited 50 ms, a
+    running item starts no further record (the rest go back, in order) and nothing is handed
+    out until the outputs are acknowledged; then every item waiting settles at once and work
+    goes on. A pause the broker does not end within 250 ms is lifted, for another 50 ms."""
+    shell = Shell(Options(ordering=Ordering.PARTITION), partitions=3)
+    engine, runner = shell.engine, shell.engine.runner
+    pause = engine._outputs.pause
+    for partition in (0, 1):
+        shell.cluster.produce(partition, [b"a"] * 3)
+    shell.turn(2)
+    waiting, busy = shell.running()
+    assert (waiting.entries[0].tp[1], busy.entries[0].tp[1]) == (0, 1)
+    shell.run(waiting)  # (reported at once: its outputs on their way)
+    worker = runner.start(busy)
+    assert worker is not None
+
+    def handle(entries: list[Entry], record: Any) -> Output:
+        (entry,) = entries
+        return Output(OUT, f"{entry.tp[1]}:{entry.offset}")
+
+    assert worker.step(handle) is not None  # p1@0's output on its way too
+    shell.turn(seconds=0.01)
+    assert waiting.id in engine._acknowledging and not pause.closing
+    producer = engine.output_producer
+    assert producer is not None and len(producer.pending) == 4
+
+    shell.cluster.produce(2, [b"c"])
+    shell.turn(seconds=0.05)  # the item has waited 50 ms
+    assert pause.closing, "no pause while outputs kept waiting"
+    assert shell.running() == [busy], "handed out during the pause"
+    assert worker.step(handle) is None, "a record started during the pause"
+    producer.deliver([True] * 4)
+    shell.turn()
+    assert not pause.closing and not engine._acknowledging
+    assert [item.entries[0].tp[1] for item in shell.running()] == [1, 2]
+
+    assert worker.step(handle) is None  # (the item goes on looking: p1@2 stays unstarted)
+    worker.ended = True
+    runner.report(busy, worker.end())  # p1@0 done, its output acknowledged already
+    shell.turn()
+    assert shell.committed(1) is None or shell.committed(1) <= 1
+    [other] = [item for item in shell.running() if item.entries[0].tp[1] == 2]
+    shell.run(other)  # p2@0's output on its way
+    shell.turn()
+    shell.turn(seconds=0.05)
+    assert pause.closing
+    shell.turn(seconds=0.25)  # the broker does not answer: the pause is lifted
+    assert not pause.closing and other.id in engine._acknowledging
+    assert shell.committed(2) in (None, 0), "committed past an input whose output is on its way"
+    shell.run_all()
+    assert [shell.committed(p) for p in (0, 1, 2)] == [3, 3, 1]
+    outputs = shell.outputs()
+    for partition, count in ((0, 3), (1, 3), (2, 1)):  # each once, in order
+        mine = [o for o in outputs if o.startswith(f"{partition}:")]
+        assert mine == [f"{partition}:{offset}" for offset in range(count)]
