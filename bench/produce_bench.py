@@ -33,7 +33,8 @@ runs in a virtualenv of its own, made on first use under the user's cache direct
 (``--no-peer`` skips it, ``--peer-python`` picks its interpreter).
 
 Run: ``python -m bench.produce_bench [--broker noida|tansu] [--records N] [--slow-records N]
-[--rounds R] [--only consumer|transactional|slow-consumer|slow-transactional] [--no-peer]``.
+[--rounds R] [--only consumer|transactional|slow-consumer|slow-transactional]
+[--ordering key|partition|unordered] [--no-peer]``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from bench._produce_runs import (
 from bench._quix import QuixPeer
 from bench._report import console, summary_ms, table, targets, write
 from bench._rounds import interleaved
-from sdk import CommitMode, Options
+from sdk import CommitMode, Options, Ordering
 from sdk.engine._compiled import COMPILED, PURE_REASON
 
 WORKLOADS = {
@@ -77,12 +78,22 @@ def plain_name(workload: Workload) -> str:
 
 
 def measure(
-    bootstrap: str, admin: AdminClient, key: str, records: int, rounds: int, peer: QuixPeer
+    bootstrap: str,
+    admin: AdminClient,
+    key: str,
+    records: int,
+    rounds: int,
+    peer: QuixPeer,
+    ordering: Ordering | None = None,
 ) -> dict[str, Any]:
     workload = WORKLOADS[key]
     topic, ends = produce_inputs(bootstrap, admin, records)
     mode = CommitMode.TRANSACTIONAL if workload.transactional else CommitMode.CONSUMER
     options = Options(commit_mode=mode)
+    tuned = ""
+    if ordering is not None:
+        options = Options(commit_mode=mode, ordering=ordering)
+        tuned = f" and ordering={ordering.value}"
     plain = plain_name(workload)
     variants: dict[str, Callable[[], Run | None]] = {
         plain: lambda: run_plain(bootstrap, admin, topic, ends, workload),
@@ -138,7 +149,7 @@ def measure(
     table(
         f"{workload.name}: {records:,} records, {PARTITIONS} partitions, {KEYS:,} keys, medians "
         f"of {rounds} rounds; engine ({'compiled' if COMPILED else 'pure'} core): default "
-        f"options but commit_mode={mode.value}",
+        f"options but commit_mode={mode.value}{tuned}",
         ["consumer", "inputs", "runs", "seconds", "records/s", "x loop", "CPU us/record",
          "of it librdkafka", "CPU x loop", "missing (most)", "duplicates (most)"],
         rows,
@@ -263,6 +274,11 @@ def main() -> None:
     )
     options.add_argument("--rounds", type=int, default=6)
     options.add_argument("--only", choices=sorted(WORKLOADS))
+    options.add_argument(
+        "--ordering",
+        choices=[o.value for o in Ordering],
+        help="the engine's ordering (a tuned figure; default: the engine's own, key)",
+    )
     add_peer(options, "Quix Streams", "the interpreter of Quix Streams' virtualenv")
     args = options.parse_args()
     results: dict[str, Any] = {
@@ -283,7 +299,8 @@ def main() -> None:
             if args.only not in (None, key):
                 continue
             records = args.slow_records if key.startswith("slow") else args.records
-            found = measure(broker.bootstrap, admin, key, records, args.rounds, peer)
+            ordering = None if args.ordering is None else Ordering(args.ordering)
+            found = measure(broker.bootstrap, admin, key, records, args.rounds, peer, ordering)
             results[key] = found
             verdict += verdicts(key, found)
         del admin  # a client left alive would keep trying to reach the stopped broker
@@ -304,6 +321,8 @@ def main() -> None:
             ],
         )  # fmt: skip
     name = "produce" if not args.only else f"produce-{args.only}"
+    if args.ordering is not None:
+        name += f"-{args.ordering}"
     write(f"{name}-{args.broker}", results)
     targets(verdict)
 

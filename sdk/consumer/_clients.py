@@ -213,6 +213,8 @@ class Clients(ConsumerLoop):
             self._committer.close()
         if self._dead_letters is not None:
             self._dead_letters.close()
+        if self._outputs.pause is not None:
+            self._outputs.pause.open()  # (no worker waits for acknowledgements any longer)
         if self._runner is not None:
             self._runner.close(wait=1.0 if self._stop and self._stop[0] else 0.0)
             self._runner.work.failures.flush()

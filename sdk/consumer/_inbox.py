@@ -129,24 +129,25 @@ class Inbox:
         """At least once: every item waiting settles once the producer holds no output that
         is neither acknowledged nor reported failed. Workers that keep producing keep some
         there, so after ``_ACKNOWLEDGE_WITHIN`` (at once with ``hurry``: a revocation waits)
-        they pause (start no further record) until it is empty, for ``_PAUSE_AT_MOST`` at
+        they pause (wait before their next record) until it is empty, for ``_PAUSE_AT_MOST`` at
         most (a broker slow to acknowledge must not stop records without outputs for long);
         then they go on for another ``_ACKNOWLEDGE_WITHIN`` before the next pause."""
         outputs, core = self._outputs, self.core
         pause = outputs.pause
+        assert pause is not None  # (at least once)
         mono = self._mono()
         if not pause.closing and (hurry or mono - self._acknowledging_since >= _ACKNOWLEDGE_WITHIN):
-            pause.closing = True
+            pause.close()
             self._paused_at = mono
         running = len(core.outstanding) > len(self._acknowledging)
-        drain = not running and (pause.closing or not core.has_ready(now))
+        drain = pause.closing or not (running or core.has_ready(now))
         if outputs.acknowledged(drain):
-            pause.closing = False
+            pause.open()
             acknowledging, self._acknowledging = self._acknowledging, {}
             for item_id, results in acknowledging.items():
                 self._apply(item_id, results.settle(), now)
         elif pause.closing and not hurry and mono - self._paused_at >= _PAUSE_AT_MOST:
-            pause.closing = False
+            pause.open()
             self._acknowledging_since = mono
 
     def _output_producer_failed(self, exc: KafkaException) -> None:

@@ -276,7 +276,8 @@ class ConsumerLoop(Inbox):
         slots = self._free_slots()
         if slots <= 0 or not self.core.has_ready(now) or self._committer.holding_back:
             return
-        if self._acknowledging and self._outputs.pause.closing:
+        pause = self._outputs.pause
+        if pause is not None and pause.closing:
             return  # (at least once: workers pause until the outputs waiting are acknowledged)
         assert self._runner is not None
         core = self.core

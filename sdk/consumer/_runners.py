@@ -273,14 +273,21 @@ class AsyncRunner:
         failed = False
         deliveries = work.deliveries()
         lock = work.transaction_lock
-        pause = None if work.outputs is None else work.outputs.pause  # set: start no more
+        pause = None if work.outputs is None else work.outputs.pause
         # At least once: the records whose outputs wait for their acknowledgement.
         waiting: list[Any] | tuple[()] = () if deliveries is None or lock else deliveries.sent
-        halted = False  # the pause (or lock) closed: no further record starts, even once open
+        # At least once a coroutine does not wait at the pause (it would block the event
+        # loop): the rest of its item goes back unstarted, even if the pause ends meanwhile.
+        halted = False
         for entry in item.entries:
             if pause is not None and pause.closing and results:
                 halted = True
-            if halted or (stopped and work.stopped(entry, stopped)) or not work.may_start(entry):
+            if (
+                halted
+                or (stopped and work.stopped(entry, stopped))
+                or not work.may_start(entry)
+                or (lock is not None and lock.closing and results)
+            ):
                 results.append(NOT_STARTED)
                 failed = True
                 continue

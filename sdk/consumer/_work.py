@@ -12,9 +12,9 @@ from their threads or their event loop.
 Outputs are produced as the handler returns them, all of an item's with one delivery
 callback (:mod:`sdk.produce._deliveries`): at least once, an item with outputs is returned as
 :class:`~sdk.produce._deliveries.Awaiting`, which the consumer's thread keeps aside until its
-outputs are acknowledged. While the producer's pause (at least once) or the transaction lock
-(exactly once) is closing, a running item starts no further record (the rest go back
-unstarted, in order).
+outputs are acknowledged. While the producer's pause is closing (at least once), a worker
+waits before its next record; while the transaction lock is (exactly once), a running item
+starts no further record (the rest go back unstarted, in order).
 
 A failure's traceback is dropped once it was logged and shown to the ``on_failure`` hook: it
 holds the worker's frames, whose locals hold the item's records, so a kept exception would
@@ -135,7 +135,7 @@ class Work:
         may_start = self.may_start
         outputs = self.outputs
         lock: TransactionLock | None = None
-        pause: TransactionLock | Pause | None = None  # set: start no further record
+        pause: Pause | None = None  # at least once: closing, wait before the next record
         deliveries: Deliveries | None = None
         callback: Callable[[Any, Any], None] | None = None
         waiting: list[Any] | tuple[()] = ()  # at least once: the records whose outputs wait
@@ -145,16 +145,15 @@ class Work:
             lock, pause = outputs.lock, outputs.pause
             if lock is None:
                 waiting = deliveries.sent
-        halted = False  # the pause (or lock) closed: no further record starts, even once open
         for entry in entries:
             part = entry.part
             if pause is not None and pause.closing and results:
-                halted = True
+                pause.wait()  # (until the outputs waiting are acknowledged)
             if (
-                halted
-                or part.revoked
+                part.revoked
                 or (stopped and self.stopped(entry, stopped))
                 or ((part.limit is not None or part.map_cap is not None) and not may_start(entry))
+                or (lock is not None and lock.closing and results)
             ):
                 append(NOT_STARTED)
                 failed = True  # (what ``item.finished`` counts ends here)

@@ -15,7 +15,8 @@ input.
   at once, each with the failures its callback noted. Outputs are acknowledged together
   rather than report by report (a report costs the interpreter's lock and a message object
   in confluent-kafka): when items have waited a while (or a revocation waits for them), a
-  :class:`Pause` has workers start no further record, so the producer's queue empties.
+  :class:`Pause` has workers wait before their next record, so the producer's queue
+  empties.
 - **Exactly once** (``CommitMode.TRANSACTIONAL``): a failed delivery breaks the open
   transaction and blames the inputs it came from
   (:meth:`~sdk.produce._output.Outputs.break_transaction`). The reports are served when
@@ -182,15 +183,31 @@ class Awaiting(list[Any]):
 
 
 class Pause:
-    """At least once: while :attr:`closing` is set, workers start no further record of their
-    items (the rest go back unstarted, in order), so that the producer's queue empties and the
+    """At least once: while :attr:`closing` is set, workers start no further record (each
+    waits before its next one, in :meth:`wait`), so that the producer's queue empties and the
     outputs waiting are acknowledged together. Read by workers before each record without a
-    lock, as :attr:`TransactionLock.closing` is exactly once."""
+    lock, as :attr:`TransactionLock.closing` is exactly once; a worker never waits longer
+    than ``WAIT_AT_MOST`` (should the consumer's thread not end the pause, it goes on)."""
 
-    __slots__ = ("closing",)
+    WAIT_AT_MOST = 1.0
+
+    __slots__ = ("_opened", "closing")
 
     def __init__(self) -> None:
+        self._opened = threading.Event()
+        self._opened.set()
         self.closing = False
+
+    def close(self) -> None:
+        self._opened.clear()
+        self.closing = True
+
+    def open(self) -> None:
+        self.closing = False
+        self._opened.set()
+
+    def wait(self) -> None:
+        self._opened.wait(self.WAIT_AT_MOST)
 
 
 class TransactionLock:

@@ -44,9 +44,8 @@ class Outputs:
     def __init__(self, new_producer: Callable[[], Producer], transactional: bool) -> None:
         self.transactional = transactional
         self.lock: TransactionLock | None = TransactionLock() if transactional else None
-        # What workers look at before each record: the transaction lock exactly once, the
-        # acknowledgement pause at least once (see sdk.produce._deliveries).
-        self.pause: TransactionLock | Pause = self.lock if self.lock is not None else Pause()
+        # At least once: what workers look at before each record (see sdk.produce._deliveries).
+        self.pause: Pause | None = None if transactional else Pause()
         self._new_producer = new_producer
         self._producer: Producer | None = None
         self._opening = threading.Lock()

@@ -854,7 +854,6 @@ class SimWorker:
         self.results: list[Any] = []
         self.stopped: set[object] = set()
         self.failed = False
-        self.halted = False
         self.deliveries = work.deliveries()
         self.ended = False  # it reached the end of its item (it may wait for reports)
         self.batch: tuple[list[Record], list[int]] | None = None
@@ -876,13 +875,13 @@ class SimWorker:
         """Look at the next record: run it, or report it not started (returns None)."""
         work, item, results = self.work, self.item, self.results
         entry = item.entries[len(results)]
-        pause = None if work.outputs is None else work.outputs.pause  # (lock or pause)
-        if pause is not None and pause.closing and results:
-            self.halted = True  # (the rest of the item stays unstarted, even once it reopens)
+        lock = work.transaction_lock
+        # (At least once a worker waits at the producer's pause before a record: here it
+        # runs the record when the test says, which may be after the pause ended or not.)
         if (
-            self.halted
-            or (self.stopped and work.stopped(entry, self.stopped))
+            (self.stopped and work.stopped(entry, self.stopped))
             or not work.may_start(entry)
+            or (lock is not None and lock.closing and results)
         ):
             results.append(NOT_STARTED)
             self.failed = True

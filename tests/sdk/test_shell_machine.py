@@ -45,7 +45,8 @@ After every step it checks:
 * the loop does not spin: a short wait is always for a record it can start then;
 * at least once: no commit passes (and no offset map lists) an input unless every output of
   one of its handler calls had been acknowledged when the commit was made (or the input was
-  dead-lettered or skipped);
+  dead-lettered or skipped); workers pause only while items wait for their outputs, and
+  no item is handed out during a pause;
 * exactly once: the group's commits and what a ``read_committed`` reader of the outputs sees
   agree. Every visible handler call has all its outputs visible, once. Every input below the
   committed offset or in the committed offset map has the outputs of exactly one handler
@@ -270,6 +271,7 @@ class ShellMachine(RuleBasedStateMachine):
             return
         self.clock.advance(0.003)  # time passes between turns
         self.largest_share = max(getattr(self, "largest_share", 0), engine.core.share())
+        handed_out = set(engine.runner.running)
         try:
             wait = engine._turn()
         except TransactionError as exc:
@@ -290,6 +292,10 @@ class ShellMachine(RuleBasedStateMachine):
             self.check_commits()
             return
         self.largest_share = max(self.largest_share, engine.core.share())
+        pause = engine._outputs.pause
+        if pause is not None and pause.closing:  # (at least once: see Inbox._acknowledge)
+            assert engine._acknowledging, "workers pause with no output waiting"
+            assert set(engine.runner.running) <= handed_out, "an item handed out in a pause"
         if wait is None:
             engine._close()
             self.engine = None
