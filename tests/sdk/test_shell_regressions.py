@@ -295,6 +295,18 @@ def _reports(inbox: queue.SimpleQueue) -> list[tuple[Any, ...]]:  # type: ignore
     return list(message[1]) if message[0] == "done_many" else [message]
 
 
+def _run_in_coroutines(work: Work, item: Item) -> list[Any]:
+    """The results of ``item`` run by an ``AsyncRunner`` (a coroutine handler's runner)."""
+    inbox: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+    runner = AsyncRunner(work, 4, inbox)
+    try:
+        runner.submit(item)
+        (done,) = _reports(inbox)
+        return done[2]  # type: ignore[no-any-return]
+    finally:
+        runner.close()
+
+
 def test_a_cancelled_record_in_the_shell_is_retried_and_its_commit_moves_on() -> None:
     shell = Shell(Options(ordering=Ordering.PARTITION, retry_delay=lambda a, e: 0.0))
     shell.cluster.produce(0, [b"a", b"a", b"a"])
@@ -751,14 +763,7 @@ def test_a_worker_does_not_start_records_of_a_partition_revoked_after_they_were_
         async def handler(record: Any) -> None:
             ran.append(record.offset)
 
-        inbox: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
-        runner = AsyncRunner(Work(handler, Options()), 4, inbox)
-        try:
-            runner.submit(item)
-            (done,) = _reports(inbox)
-            results = done[2]
-        finally:
-            runner.close()
+        results = _run_in_coroutines(Work(handler, Options()), item)
     elif mode == "batch":
 
         def handle_batch(records: list[Any]) -> None:
@@ -808,14 +813,7 @@ def test_an_item_paused_once_waits_or_starts_no_further_record(mode: str) -> Non
 
         work = Work(handler, Options())
         work.outputs = outputs
-        inbox: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
-        runner = AsyncRunner(work, 4, inbox)
-        try:
-            runner.submit(item)
-            (done,) = _reports(inbox)
-            results = done[2]
-        finally:
-            runner.close()
+        results = _run_in_coroutines(work, item)
     else:
         work = Work(lambda record: ran.append(record.offset), Options())
         work.outputs = outputs
