@@ -89,11 +89,8 @@ def measure(
     workload = WORKLOADS[key]
     topic, ends = produce_inputs(bootstrap, admin, records)
     mode = CommitMode.TRANSACTIONAL if workload.transactional else CommitMode.CONSUMER
-    options = Options(commit_mode=mode)
-    tuned = ""
-    if ordering is not None:
-        options = Options(commit_mode=mode, ordering=ordering)
-        tuned = f" and ordering={ordering.value}"
+    options = Options(commit_mode=mode, **({} if ordering is None else {"ordering": ordering}))
+    tuned = "" if ordering is None else f" and ordering={ordering.value}"
     plain = plain_name(workload)
     variants: dict[str, Callable[[], Run | None]] = {
         plain: lambda: run_plain(bootstrap, admin, topic, ends, workload),

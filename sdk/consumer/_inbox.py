@@ -119,9 +119,10 @@ class Inbox:
         """Serve the producer's delivery reports (when due); at least once, the items whose
         outputs wait are done once they are all acknowledged (their failures applied)."""
         try:
-            self._outputs.poll(bool(self.core.outstanding))
             if self._acknowledging:
-                self._acknowledge(now, hurry)
+                self._acknowledge(now, hurry)  # (it serves the reports)
+            else:
+                self._outputs.poll(bool(self.core.outstanding))
         except KafkaException as exc:  # a fatal error of the producer, raised by its poll
             self._output_producer_failed(exc)
 
@@ -139,8 +140,7 @@ class Inbox:
         if not pause.closing and (hurry or mono - self._acknowledging_since >= _ACKNOWLEDGE_WITHIN):
             pause.close()
             self._paused_at = mono
-        running = len(core.outstanding) > len(self._acknowledging)
-        drain = pause.closing or not (running or core.has_ready(now))
+        drain = pause.closing or not (self._items_running() or core.has_ready(now))
         if outputs.acknowledged(drain):
             pause.open()
             acknowledging, self._acknowledging = self._acknowledging, {}
@@ -149,6 +149,11 @@ class Inbox:
         elif pause.closing and not hurry and mono - self._paused_at >= _PAUSE_AT_MOST:
             pause.open()
             self._acknowledging_since = mono
+
+    def _items_running(self) -> int:
+        """Items handed out whose results have not come (at least once, not those waiting
+        for their outputs' acknowledgement)."""
+        return len(self.core.outstanding) - len(self._acknowledging)
 
     def _output_producer_failed(self, exc: KafkaException) -> None:
         """The producer of outputs failed for good. Transactional: the committer decides

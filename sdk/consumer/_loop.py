@@ -269,8 +269,7 @@ class ConsumerLoop(Inbox):
         runner = self._runner
         if runner is None or self.paused_by_user:
             return 0
-        running = len(self.core.outstanding) - len(self._acknowledging)
-        return self.options.max_concurrency + runner.queued_items - running
+        return self.options.max_concurrency + runner.queued_items - self._items_running()
 
     def _dispatch(self, now: float) -> None:
         slots = self._free_slots()

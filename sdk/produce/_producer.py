@@ -92,13 +92,10 @@ class Outputs:
             self._producer = None
 
     def poll(self, running: bool) -> None:
-        """On the consumer's thread, every turn of its loop: serve delivery reports when they
-        are due (see :meth:`serve`). ``running``: whether items are in flight. A fatal error
-        of the producer is raised here, wherever the poll that met it ran."""
-        failure = self.failure
-        if failure is not None:
-            self.failure = None
-            raise failure
+        """On the consumer's thread, every turn of its loop (but those that ask
+        :meth:`acknowledged`, which serves them itself): serve delivery reports when they are
+        due (see :meth:`serve`). ``running``: whether items are in flight."""
+        self._raise_failure()
         producer = self._producer
         if producer is not None:
             if not running:
@@ -118,6 +115,7 @@ class Outputs:
         is served). The reports are served first; with ``drain`` (nothing runs), the
         producer is flushed for up to ``_DRAIN_WAIT`` (a flush sends what lingers at once).
         False while another thread serves reports."""
+        self._raise_failure()
         producer = self._producer
         if producer is None:
             return True
@@ -133,6 +131,14 @@ class Outputs:
             raise_as_kafka_exception()
         finally:
             self._serving.release()
+
+    def _raise_failure(self) -> None:
+        """A fatal error of the producer is raised on the consumer's thread, wherever the
+        poll that met it ran."""
+        failure = self.failure
+        if failure is not None:
+            self.failure = None
+            raise failure
 
     def serve(self) -> None:
         """Serve the producer's delivery reports from a worker's thread, unless another

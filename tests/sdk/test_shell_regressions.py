@@ -1163,8 +1163,9 @@ def test_a_dead_letter_copy_that_cannot_be_delivered_holds_its_input_alone() -> 
 
 
 def test_a_fatal_error_raised_by_the_output_producer_s_poll_stops_with_an_engine_error() -> None:
-    """librdkafka raises a fatal error from ``poll()`` (confluent-kafka raises fatal errors
-    there even without an ``error_cb``): at least once, the consumer stops with
+    """librdkafka raises a fatal error from ``poll()`` and ``flush()`` (confluent-kafka raises
+    fatal errors there even without an ``error_cb``; the consumer's thread flushes while an
+    item's outputs wait and nothing runs): at least once, the consumer stops with
     ``EngineError`` naming it (before: a raw ``KafkaException``)."""
     shell = Shell(Options(commit_interval=0.1))
     shell.cluster.produce(0, [b"a"])
@@ -1179,7 +1180,7 @@ def test_a_fatal_error_raised_by_the_output_producer_s_poll_stops_with_an_engine
             KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence broken", fatal=True)
         )
 
-    producer.poll = fatal  # type: ignore[method-assign]
+    producer.poll = producer.flush = fatal  # type: ignore[method-assign]
     with pytest.raises(EngineError, match="sequence broken") as raised:
         shell.turn()
     assert not isinstance(raised.value, KafkaException)
